@@ -1,0 +1,62 @@
+# Shared helpers for the testbed scripts; sourced, never run.
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Everything fetched or built for the testbed lives here, outside the clone, so
+# that a fresh clone on the same machine reuses it (CI clones anew every run).
+PCIEIPC_CACHE="${PCIEIPC_CACHE:-/var/cache/pcieipc}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+
+log() { printf '[pcieipc %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf '[pcieipc] error: %s\n' "$*" >&2; exit 1; }
+
+# apt-get over a private sources list, so that packages from other Debian suites
+# (trixie-backports, bookworm-backports) are fetched without touching the
+# system's apt configuration.
+foreign_apt() {
+    local dir="$PCIEIPC_CACHE/apt"
+    apt-get -q -o Dir::Etc::SourceList="$dir/sources.list" \
+        -o Dir::Etc::SourceParts=/dev/null \
+        -o Dir::State::Lists="$dir/lists" \
+        -o Dir::Cache="$dir/cache" \
+        -o Debug::NoLocking=1 -o APT::Sandbox::User=root "$@"
+}
+
+foreign_apt_update() {
+    local dir="$PCIEIPC_CACHE/apt"
+    mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
+    cat >"$dir/sources.list" <<SRC
+deb $DEBIAN_MIRROR trixie-backports main
+deb $DEBIAN_MIRROR trixie main
+deb $DEBIAN_MIRROR bookworm-backports main
+SRC
+    # Refresh at most once a day: the lists are large and rarely matter more often.
+    if [ -z "$(find "$dir/lists" -name '*Packages*' -mmin -1440 2>/dev/null | head -1)" ]; then
+        foreign_apt update >/dev/null || die "cannot fetch Debian package lists from $DEBIAN_MIRROR (trixie-backports, bookworm-backports)"
+    fi
+}
+
+# Newest version of PKG that the private lists know whose version matches the
+# extended regex PATTERN.
+foreign_newest() {
+    local pkg="$1" pattern="${2:-.}"
+    foreign_apt_update
+    apt-cache -o Dir::Etc::SourceList="$PCIEIPC_CACHE/apt/sources.list" \
+        -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$PCIEIPC_CACHE/apt/lists" \
+        -o Dir::Cache="$PCIEIPC_CACHE/apt/cache" madison "$pkg" 2>/dev/null |
+        awk -F'|' '{gsub(/ /,"",$2); print $2}' | grep -E "$pattern" | sort -V | tail -1
+}
+
+# Download PKG=VERSION and unpack it into DEST (once).
+foreign_extract() {
+    local pkg="$1" ver="$2" dest="$3"
+    if [ -f "$dest/.extracted" ]; then return 0; fi
+    foreign_apt_update
+    local tmp; tmp="$(mktemp -d)"
+    (cd "$tmp" && foreign_apt download "$pkg=$ver" >/dev/null) ||
+        die "cannot download Debian package $pkg=$ver"
+    rm -rf "$dest"; mkdir -p "$dest"
+    dpkg -x "$tmp"/*.deb "$dest" || die "cannot unpack $pkg=$ver"
+    rm -rf "$tmp"
+    touch "$dest/.extracted"
+}

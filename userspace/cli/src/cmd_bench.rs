@@ -1,0 +1,8 @@
+//! Placeholder: being written.
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<std::process::ExitCode> {
+    anyhow::bail!("not implemented yet")
+}

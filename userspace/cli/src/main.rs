@@ -1,0 +1,43 @@
+//! `pcieipc`: the command-line front end. Each subcommand lives in its own
+//! file and only parses flags, calls the library and prints.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd_bench;
+mod cmd_device;
+mod cmd_probe;
+
+#[derive(Parser)]
+#[command(name = "pcieipc", version, about = "PCIe peer-to-peer AllReduce, topology and link health")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// PCIe topology, link health, AER counters, P2P readiness and the optimal ring.
+    Probe(cmd_probe::Args),
+    /// nccl-tests style AllReduce benchmark over local ranks.
+    Bench(cmd_bench::Args),
+    /// Talk to the pcieipc kernel module through /dev/pcieipc.
+    Device(cmd_device::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Probe(args) => cmd_probe::run(args),
+        Command::Bench(args) => cmd_bench::run(args),
+        Command::Device(args) => cmd_device::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("pcieipc: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

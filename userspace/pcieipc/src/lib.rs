@@ -1,0 +1,8 @@
+//! pcieipc userspace library: PCIe topology probe and link health, the ring
+//! planner, the ring AllReduce engine with its transports, and the typed client
+//! of the `/dev/pcieipc` kernel module.
+
+pub mod device;
+pub mod engine;
+pub mod plan;
+pub mod probe;
