@@ -88,7 +88,6 @@ impl Server {
                 .filter(|(_, poll_fd)| is_ready(poll_fd))
                 .map(|(&id, _)| id)
                 .collect();
-            drop(poll_fds);
 
             if stop_requested {
                 return Ok(());
@@ -120,11 +119,15 @@ impl Server {
         };
         let peer = match self.new_peer(id, stream) {
             Ok(peer) => peer,
-            Err(error) => return report(&error),
+            Err(error) => {
+                report(&error);
+                return;
+            }
         };
         // Not yet announced to anyone, so a failure here needs no disconnect notices.
         if let Err(error) = self.send_setup_head(&peer) {
-            return report(&error);
+            report(&error);
+            return;
         }
 
         let mut failed = Vec::new();

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::os::fd::AsFd;
 
 use common::{is_readable, read_counter, ring, Mapping, TestClient, TestDir};
@@ -157,6 +158,28 @@ fn a_departing_peer_is_announced_without_an_fd_and_its_id_is_reused() {
     ring(&c_copy_of_d[0]);
     assert_eq!(read_counter(&d_setup.own_vectors[0]), 1);
     assert!(!is_readable(c_setup.own_vectors[0].as_fd()));
+
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_client_that_sends_anything_is_disconnected_like_a_departure() {
+    let dir = TestDir::new("talker");
+    let server = spawn(config(&dir, 8)).unwrap();
+    let a = TestClient::connect(&dir.socket());
+    a.handshake(0, VECTORS);
+    let mut b = TestClient::connect(&dir.socket());
+    b.handshake(1, VECTORS);
+    for _ in 0..VECTORS {
+        a.recv_message();
+    }
+
+    // The protocol is one-way; QEMU's server closes a client that writes.
+    b.stream.write_all(&7i64.to_le_bytes()).unwrap();
+    assert!(b.recv().is_none());
+    let notice = a.recv_message();
+    assert_eq!(notice.value, 1);
+    assert!(notice.fd.is_none());
 
     server.shutdown().unwrap();
 }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
@@ -90,19 +91,23 @@ impl TestClient {
         }
     }
 
-    /// The next message, or None when the server closed the connection.
+    /// The next message, or None when the server closed the connection (a reset when it
+    /// closed with bytes from us unread).
     pub fn recv(&self) -> Option<Message> {
         let mut bytes = [0u8; 8];
         let mut iov = [IoSliceMut::new(&mut bytes)];
         let mut cmsg_space = nix::cmsg_space!([RawFd; 1]);
         let (length, fds) = {
-            let msg = recvmsg::<()>(
+            let msg = match recvmsg::<()>(
                 self.stream.as_raw_fd(),
                 &mut iov,
                 Some(&mut cmsg_space),
                 MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .expect("recvmsg from the server");
+            ) {
+                Ok(msg) => msg,
+                Err(Errno::ECONNRESET) => return None,
+                Err(errno) => panic!("recvmsg from the server: {errno}"),
+            };
             let fds: Vec<RawFd> = msg
                 .cmsgs()
                 .expect("control messages fit")
