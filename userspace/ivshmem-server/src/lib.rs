@@ -23,7 +23,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 pub use config::{parse_size, ServerConfig, DEFAULT_MAX_PEERS, MAX_VECTORS, MIN_SHM_SIZE};
 pub use error::Error;
-pub use protocol::{PROTOCOL_VERSION, SHM_MESSAGE};
+pub use protocol::{PROTOCOL_VERSION, REFUSED_VERSION, SHM_MESSAGE};
 
 use server::Server;
 

@@ -9,6 +9,11 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 /// First message on every connection; QEMU refuses any other value.
 pub const PROTOCOL_VERSION: i64 = 0;
+/// Sent in place of the version to a client the server has no peer id for, and the connection
+/// closed. The spec's clients close on versions they can't handle, and QEMU fails the device
+/// with "server sent version 9223372036854775807, expecting 0"; closing without it instead makes
+/// QEMU (7.2 at least) spin on the end of file while realizing the device.
+pub const REFUSED_VERSION: i64 = i64::MAX;
 /// Value of the message that carries the shared-memory fd.
 pub const SHM_MESSAGE: i64 = -1;
 

@@ -11,7 +11,7 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use crate::protocol::{send_message, PROTOCOL_VERSION, SHM_MESSAGE};
+use crate::protocol::{send_message, PROTOCOL_VERSION, REFUSED_VERSION, SHM_MESSAGE};
 use crate::shm::create_shared_memory;
 use crate::socket::ListeningSocket;
 use crate::{Error, ServerConfig};
@@ -109,12 +109,12 @@ impl Server {
 
     fn admit(&mut self, stream: UnixStream) {
         let Some(id) = self.lowest_free_id() else {
-            // The protocol has no refusal message; closing before the version is what QEMU
-            // reports as a failed connection to the server.
             report(&Error::PeersFull {
                 path: self.socket_path().to_owned(),
                 max_peers: self.max_peers,
             });
+            // Best effort: the connection is closed right after, whether it arrived or not.
+            let _ = send_message(stream.as_fd(), REFUSED_VERSION, None);
             return;
         };
         let peer = match self.new_peer(id, stream) {

@@ -24,6 +24,7 @@ fn a_server_that_served_peers_leaves_no_fd_and_no_socket_behind() {
         let b = TestClient::connect(&dir.socket());
         b.handshake(1, 4);
         let refused = TestClient::connect(&dir.socket());
+        assert_eq!(refused.recv_message().value, i64::MAX);
         assert!(refused.recv().is_none());
         let memory = Mapping::new(&a_setup.shm, 1 << 16);
         memory.write(0, b"x");

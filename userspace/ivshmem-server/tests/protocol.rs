@@ -185,7 +185,7 @@ fn a_client_that_sends_anything_is_disconnected_like_a_departure() {
 }
 
 #[test]
-fn a_client_past_the_peer_limit_is_closed_before_any_message() {
+fn a_client_past_the_peer_limit_gets_an_unusable_version_and_is_closed() {
     let dir = TestDir::new("full");
     let server = spawn(config(&dir, 2)).unwrap();
     let a = TestClient::connect(&dir.socket());
@@ -194,7 +194,13 @@ fn a_client_past_the_peer_limit_is_closed_before_any_message() {
     b.handshake(1, VECTORS);
 
     let refused = TestClient::connect(&dir.socket());
-    assert!(refused.recv().is_none(), "a refused client got a message");
+    let version = refused.recv_message();
+    assert_eq!(version.value, i64::MAX);
+    assert!(version.fd.is_none());
+    assert!(
+        refused.recv().is_none(),
+        "a refused client got more than the version"
+    );
     // The peers were not told about it.
     for _ in 0..VECTORS {
         assert_eq!(a.recv_message().value, 1);
