@@ -92,8 +92,9 @@ impl Drop for RunningServer {
 }
 
 /// Serves in the calling thread until SIGINT or SIGTERM, then closes everything and removes the
-/// socket file. SIGINT and SIGTERM are blocked in the calling thread and read from a signalfd,
-/// so call this before starting other threads (they would inherit the default disposition).
+/// socket file. SIGINT and SIGTERM are blocked in the calling thread and read from a signalfd;
+/// call this before starting other threads, since a thread started earlier keeps them unblocked
+/// and a signal delivered to it would end the process without cleanup.
 pub fn run_until_signal(config: ServerConfig) -> Result<(), Error> {
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGINT);
