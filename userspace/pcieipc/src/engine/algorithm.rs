@@ -1,0 +1,111 @@
+//! Which algorithm moves an all_reduce.
+//!
+//! The ring moves 2(N-1)/N of the buffer per rank and is bandwidth-optimal, but
+//! its 2(N-1) dependent steps cost latency. The one-shot path has every rank
+//! publish its whole buffer and reduce all N of them itself: one step, (N-1)
+//! buffers read, the right trade for small messages.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Algorithm {
+    /// Reduce-scatter then all-gather around the ring, pipelined in chunks.
+    Ring = 1,
+    /// Every rank reads every peer's whole buffer and reduces locally.
+    OneShot = 2,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::OneShot => "one-shot",
+        }
+    }
+
+    pub(crate) fn from_wire(code: u8) -> Option<Algorithm> {
+        [Algorithm::Ring, Algorithm::OneShot]
+            .into_iter()
+            .find(|algorithm| *algorithm as u8 == code)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the communicator picks the all_reduce algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlgorithmChoice {
+    /// By message size and rank count: see [`AlgorithmChoice::pick`].
+    Auto,
+    /// Always this one (tests and benchmarks force each path).
+    Fixed(Algorithm),
+}
+
+/// A name that is not `auto`, `ring` or `one-shot`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown algorithm {0:?} (auto, ring, one-shot)")]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for AlgorithmChoice {
+    type Err = UnknownAlgorithm;
+    fn from_str(name: &str) -> Result<AlgorithmChoice, UnknownAlgorithm> {
+        match name {
+            "auto" => Ok(AlgorithmChoice::Auto),
+            "ring" => Ok(AlgorithmChoice::Fixed(Algorithm::Ring)),
+            "one-shot" | "oneshot" => Ok(AlgorithmChoice::Fixed(Algorithm::OneShot)),
+            _ => Err(UnknownAlgorithm(name.to_owned())),
+        }
+    }
+}
+
+impl AlgorithmChoice {
+    /// `one_shot_read_budget` bounds the bytes one rank reads from its peers on
+    /// the one-shot path, (N-1)·bytes, so the crossover shrinks as ranks are added.
+    pub fn pick(self, bytes: usize, nranks: usize, one_shot_read_budget: usize) -> Algorithm {
+        match self {
+            AlgorithmChoice::Fixed(algorithm) => algorithm,
+            AlgorithmChoice::Auto => {
+                let peers = nranks.saturating_sub(1).max(1);
+                if bytes.saturating_mul(peers) <= one_shot_read_budget {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::Ring
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_one_shot_below_the_budget_and_ring_above() {
+        let auto = AlgorithmChoice::Auto;
+        assert_eq!(auto.pick(8, 2, 64 << 10), Algorithm::OneShot);
+        assert_eq!(auto.pick(64 << 10, 2, 64 << 10), Algorithm::OneShot);
+        assert_eq!(auto.pick((64 << 10) + 1, 2, 64 << 10), Algorithm::Ring);
+        // Eight ranks read seven peers: the crossover is a seventh as large.
+        assert_eq!(auto.pick(9362, 8, 64 << 10), Algorithm::OneShot);
+        assert_eq!(auto.pick(9363, 8, 64 << 10), Algorithm::Ring);
+        assert_eq!(auto.pick(0, 1, 0), Algorithm::OneShot);
+    }
+
+    #[test]
+    fn fixed_choice_overrides_size() {
+        let ring = AlgorithmChoice::Fixed(Algorithm::Ring);
+        assert_eq!(ring.pick(8, 2, 1 << 30), Algorithm::Ring);
+        assert_eq!(
+            "one-shot".parse::<AlgorithmChoice>().unwrap(),
+            AlgorithmChoice::Fixed(Algorithm::OneShot)
+        );
+        assert!("tree".parse::<AlgorithmChoice>().is_err());
+    }
+}

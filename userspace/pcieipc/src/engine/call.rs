@@ -1,0 +1,111 @@
+//! What one collective call is, as every rank must agree on it. Each rank
+//! publishes its descriptor before the call moves data; a peer that finds a
+//! different one reports both (see [`super::EngineError::MismatchedCall`]).
+
+use std::fmt;
+
+use super::algorithm::Algorithm;
+use super::dtype::{DType, ReduceOp};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CallKind {
+    AllReduce = 1,
+    ReduceScatter = 2,
+    AllGather = 3,
+    Broadcast = 4,
+}
+
+impl CallKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CallKind::AllReduce => "all_reduce",
+            CallKind::ReduceScatter => "reduce_scatter",
+            CallKind::AllGather => "all_gather",
+            CallKind::Broadcast => "broadcast",
+        }
+    }
+
+    fn from_wire(code: u8) -> Option<CallKind> {
+        [
+            CallKind::AllReduce,
+            CallKind::ReduceScatter,
+            CallKind::AllGather,
+            CallKind::Broadcast,
+        ]
+        .into_iter()
+        .find(|kind| *kind as u8 == code)
+    }
+}
+
+/// One rank's view of a collective call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallDescriptor {
+    pub kind: CallKind,
+    pub dtype: DType,
+    /// `None` for the calls that do not reduce (all_gather, broadcast).
+    pub op: Option<ReduceOp>,
+    /// Elements per rank buffer as the call defines it: the whole buffer for
+    /// all_reduce and broadcast, the per-rank share for reduce_scatter and all_gather.
+    pub count: u64,
+    /// The broadcast root; 0 for the other calls.
+    pub root: u32,
+    pub algorithm: Algorithm,
+    pub chunk_bytes: u32,
+}
+
+impl CallDescriptor {
+    /// The descriptor as three words for the transport's shared control block.
+    pub(crate) fn to_words(self) -> [u64; 3] {
+        let head = self.kind as u64
+            | (self.dtype as u64) << 8
+            | (self.op.map_or(0, |op| op as u64)) << 16
+            | (self.algorithm as u64) << 24
+            | (self.root as u64) << 32;
+        [head, self.count, self.chunk_bytes as u64]
+    }
+
+    /// Decodes words a peer published; `None` if they are not a descriptor
+    /// (only possible when the peer's memory was corrupted).
+    pub(crate) fn from_words(words: [u64; 3]) -> Option<CallDescriptor> {
+        let [head, count, chunk_bytes] = words;
+        let op_code = (head >> 16) as u8;
+        Some(CallDescriptor {
+            kind: CallKind::from_wire(head as u8)?,
+            dtype: DType::from_wire((head >> 8) as u8)?,
+            op: if op_code == 0 {
+                None
+            } else {
+                Some(ReduceOp::from_wire(op_code)?)
+            },
+            algorithm: Algorithm::from_wire((head >> 24) as u8)?,
+            root: (head >> 32) as u32,
+            count,
+            chunk_bytes: u32::try_from(chunk_bytes).ok()?,
+        })
+    }
+}
+
+impl fmt::Display for CallDescriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}(count={}, {}",
+            self.kind.name(),
+            self.count,
+            self.dtype
+        )?;
+        if let Some(op) = self.op {
+            write!(f, ", {op}")?;
+        }
+        if self.kind == CallKind::Broadcast {
+            write!(f, ", root={}", self.root)?;
+        }
+        write!(
+            f,
+            "; {}, {}-byte chunks)",
+            self.algorithm.name(),
+            self.chunk_bytes
+        )
+    }
+}

@@ -1,0 +1,845 @@
+//! The communicator: N ranks in separate processes, the collectives, and the
+//! waiting discipline that turns a dead, hung or mismatched peer into an error
+//! naming it.
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use super::algorithm::{Algorithm, AlgorithmChoice};
+use super::call::{CallDescriptor, CallKind};
+use super::chunk::{ChunkPolicy, LinkFacts};
+use super::dtype::{combine, finish_avg, Element, ReduceOp};
+use super::error::EngineError;
+use super::failure::Failure;
+use super::rendezvous;
+use super::shm::{self, ShmTransport};
+use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
+
+/// How long a blocked rank sleeps between liveness and timeout checks: the
+/// bound on how late a dead peer is noticed, and few enough wake-ups that a
+/// rank waiting for a late peer costs next to no CPU.
+const LIVENESS_SLICE: Duration = Duration::from_millis(10);
+
+/// Everything a rank chooses when it joins. Rank 0's window sizes (chunk
+/// policy's largest chunk, `in_flight`, `one_shot_read_budget`) are the ones the
+/// segment is built with; the per-call choices are checked across ranks.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    pub transport: TransportKind,
+    /// How long the rendezvous waits for every rank.
+    pub join_timeout: Duration,
+    /// How long a rank waits on one peer inside a collective before it names
+    /// that peer (or the peer that one waits for) as unresponsive.
+    pub peer_timeout: Duration,
+    /// How long a waiting rank polls before it sleeps on the futex: a short
+    /// spin hides the wake-up latency when the peer is only slightly late.
+    pub spin: Duration,
+    pub chunk_policy: ChunkPolicy,
+    /// The link under this rank's ring hop; `None` on host memory.
+    pub link: Option<LinkFacts>,
+    /// How many chunks the ring's first step may run ahead of the rest.
+    pub in_flight: usize,
+    pub algorithm: AlgorithmChoice,
+    /// The most bytes a rank reads from its peers on the one-shot path:
+    /// all_reduce of `bytes` goes one-shot while bytes·(N−1) fits.
+    pub one_shot_read_budget: usize,
+}
+
+impl Default for CommOptions {
+    fn default() -> CommOptions {
+        CommOptions {
+            transport: TransportKind::Shm,
+            join_timeout: Duration::from_secs(30),
+            peer_timeout: Duration::from_secs(60),
+            spin: Duration::from_micros(50),
+            chunk_policy: ChunkPolicy::default(),
+            link: None,
+            in_flight: 4,
+            algorithm: AlgorithmChoice::Auto,
+            one_shot_read_budget: 64 << 10,
+        }
+    }
+}
+
+/// The two streams a rank sends to its successor and receives from its
+/// predecessor, with this rank's counts of each.
+#[derive(Clone, Copy)]
+enum Stream {
+    Raw,
+    Relay,
+}
+
+#[derive(Default)]
+struct StreamCounts {
+    sent: u32,
+    received: u32,
+}
+
+/// The buffers of one call. In place, the rank's own contribution is read from
+/// the same memory the result is written to.
+enum Buffers<'a, T> {
+    InPlace(&'a mut [T]),
+    OutOfPlace { input: &'a [T], output: &'a mut [T] },
+}
+
+impl<T> Buffers<'_, T> {
+    fn input(&self) -> &[T] {
+        match self {
+            Buffers::InPlace(buffer) => buffer,
+            Buffers::OutOfPlace { input, .. } => input,
+        }
+    }
+
+    fn output(&mut self) -> &mut [T] {
+        match self {
+            Buffers::InPlace(buffer) => buffer,
+            Buffers::OutOfPlace { output, .. } => output,
+        }
+    }
+}
+
+/// Which ring collective, and so which segments each step moves.
+#[derive(Clone, Copy)]
+enum RingCall {
+    AllReduce(ReduceOp),
+    ReduceScatter(ReduceOp),
+    AllGather,
+}
+
+pub struct Communicator {
+    transport: Box<dyn Transport>,
+    rank: usize,
+    nranks: usize,
+    options: CommOptions,
+    chunk_bytes: usize,
+    /// Calls started so far; the current call's number while one runs.
+    calls: u64,
+    raw: StreamCounts,
+    relay: StreamCounts,
+    one_shot_rounds: u32,
+    /// Whether this call's first message from the predecessor was checked
+    /// against its published call.
+    predecessor_checked: bool,
+    current_call: Option<CallDescriptor>,
+    init_time: Duration,
+}
+
+/// Element range `s` of `count` split into `parts` near-equal parts (the first
+/// `count % parts` one longer).
+fn part(count: usize, parts: usize, s: usize) -> Range<usize> {
+    let (base, extra) = (count / parts, count % parts);
+    let start = s * base + s.min(extra);
+    start..start + base + usize::from(s < extra)
+}
+
+fn clip(range: &Range<usize>, chunk: usize, chunk_elements: usize) -> Range<usize> {
+    let start = (range.start + chunk * chunk_elements).min(range.end);
+    start..(start + chunk_elements).min(range.end)
+}
+
+impl Communicator {
+    /// Joins the communicator `rendezvous` (a job-unique name) as `rank` of
+    /// `nranks`. Returns once every rank has joined and the transport is up.
+    pub fn init(
+        rendezvous: &str,
+        rank: usize,
+        nranks: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, EngineError> {
+        let started = Instant::now();
+        if nranks == 0 {
+            return Err(EngineError::NoRanks);
+        }
+        if rank >= nranks {
+            return Err(EngineError::RankOutOfRange { rank, nranks });
+        }
+        let in_flight = options.in_flight.max(1);
+        let requested = shm::page_aligned(WindowSizes {
+            slot_bytes: options.chunk_policy.max_chunk_bytes(),
+            raw_slots: in_flight + 1,
+            relay_slots: in_flight + 1,
+            one_shot_bytes: options.one_shot_read_budget,
+        });
+        let joined = if rank == 0 {
+            rendezvous::host(rendezvous, nranks, requested, options.join_timeout)?
+        } else {
+            rendezvous::join(rendezvous, rank, nranks, options.join_timeout)?
+        };
+        let transport: Box<dyn Transport> = match options.transport {
+            TransportKind::Shm => Box::new(ShmTransport::attach(
+                joined.segment,
+                rank,
+                joined.sizes,
+                joined.pids,
+            )?),
+        };
+        let mut communicator = Communicator {
+            transport,
+            rank,
+            nranks,
+            chunk_bytes: 0,
+            options: CommOptions {
+                in_flight: joined.sizes.raw_slots - 1,
+                ..options
+            },
+            calls: 0,
+            raw: StreamCounts::default(),
+            relay: StreamCounts::default(),
+            one_shot_rounds: 0,
+            predecessor_checked: false,
+            current_call: None,
+            init_time: Duration::ZERO,
+        };
+        communicator.set_link(communicator.options.link);
+        communicator.init_time = started.elapsed();
+        Ok(communicator)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// How long `init` took, rendezvous and transport set-up included.
+    pub fn init_time(&self) -> Duration {
+        self.init_time
+    }
+
+    pub fn transport_kind(&self) -> TransportKind {
+        self.transport.kind()
+    }
+
+    /// The chunk size the next calls use.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// Re-plans the chunk size for a changed link (after a link or AER event).
+    /// Every rank must make the same change between the same two calls: the
+    /// chunk size is part of what the ranks check against each other.
+    pub fn set_link(&mut self, link: Option<LinkFacts>) {
+        self.options.link = link;
+        let slot_bytes = self.transport.sizes().slot_bytes;
+        self.chunk_bytes = self
+            .options
+            .chunk_policy
+            .chunk_bytes(link.as_ref())
+            .clamp(64, slot_bytes);
+    }
+
+    /// Changes how the next all_reduce calls pick their algorithm. Like
+    /// `set_link`, every rank must make the same change between the same calls.
+    pub fn set_algorithm(&mut self, algorithm: AlgorithmChoice) {
+        self.options.algorithm = algorithm;
+    }
+
+    /// The algorithm an all_reduce of `count` elements of `T` takes.
+    pub fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
+        self.options.algorithm.pick(
+            count * std::mem::size_of::<T>(),
+            self.nranks,
+            self.options.one_shot_read_budget,
+        )
+    }
+
+    /// `output[i]` = `op` over all ranks' `input[i]`.
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), EngineError> {
+        if input.len() != output.len() {
+            return Err(EngineError::BufferLength {
+                what: "all_reduce output",
+                got: output.len(),
+                expected: input.len(),
+            });
+        }
+        self.all_reduce_buffers(Buffers::OutOfPlace { input, output }, op)
+    }
+
+    /// `buffer[i]` = `op` over all ranks' `buffer[i]`.
+    pub fn all_reduce_in_place<T: Element>(
+        &mut self,
+        buffer: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), EngineError> {
+        self.all_reduce_buffers(Buffers::InPlace(buffer), op)
+    }
+
+    /// Rank r's `output` = `op` over all ranks' `input[r·m..(r+1)·m]`, where
+    /// m = `output.len()` and `input.len()` = N·m.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), EngineError> {
+        if input.len() != output.len() * self.nranks {
+            return Err(EngineError::BufferLength {
+                what: "reduce_scatter input (N × output)",
+                got: input.len(),
+                expected: output.len() * self.nranks,
+            });
+        }
+        let call = self.begin(
+            CallKind::ReduceScatter,
+            T::DTYPE,
+            Some(op),
+            output.len(),
+            0,
+            Algorithm::Ring,
+        )?;
+        let result = self.run_ring(
+            call,
+            RingCall::ReduceScatter(op),
+            Buffers::OutOfPlace { input, output },
+        );
+        self.end(result)
+    }
+
+    /// `output[r·m..(r+1)·m]` = rank r's `input`, where m = `input.len()` and
+    /// `output.len()` = N·m.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+    ) -> Result<(), EngineError> {
+        if output.len() != input.len() * self.nranks {
+            return Err(EngineError::BufferLength {
+                what: "all_gather output (N × input)",
+                got: output.len(),
+                expected: input.len() * self.nranks,
+            });
+        }
+        let call = self.begin(
+            CallKind::AllGather,
+            T::DTYPE,
+            None,
+            input.len(),
+            0,
+            Algorithm::Ring,
+        )?;
+        let result = self.run_ring(
+            call,
+            RingCall::AllGather,
+            Buffers::OutOfPlace { input, output },
+        );
+        self.end(result)
+    }
+
+    /// Every rank's `buffer` = rank `root`'s, passed along the ring from the root.
+    pub fn broadcast<T: Element>(
+        &mut self,
+        buffer: &mut [T],
+        root: usize,
+    ) -> Result<(), EngineError> {
+        if root >= self.nranks {
+            return Err(EngineError::RootOutOfRange {
+                root,
+                nranks: self.nranks,
+            });
+        }
+        let call = self.begin(
+            CallKind::Broadcast,
+            T::DTYPE,
+            None,
+            buffer.len(),
+            root,
+            Algorithm::Ring,
+        )?;
+        let result = if self.nranks == 1 {
+            Ok(())
+        } else {
+            self.run_broadcast(call, buffer, root)
+        };
+        self.end(result)
+    }
+
+    fn all_reduce_buffers<T: Element>(
+        &mut self,
+        mut buffers: Buffers<T>,
+        op: ReduceOp,
+    ) -> Result<(), EngineError> {
+        let count = buffers.input().len();
+        let algorithm = self.algorithm_for::<T>(count);
+        let call = self.begin(CallKind::AllReduce, T::DTYPE, Some(op), count, 0, algorithm)?;
+        let result = if self.nranks == 1 {
+            if let Buffers::OutOfPlace { input, output } = &mut buffers {
+                output.copy_from_slice(input);
+            }
+            Ok(())
+        } else {
+            match algorithm {
+                Algorithm::Ring => self.run_ring(call, RingCall::AllReduce(op), buffers),
+                Algorithm::OneShot => self.run_one_shot(call, op, buffers),
+            }
+        };
+        self.end(result)
+    }
+
+    /// Starts call number `self.calls`: refuses if the communicator has failed,
+    /// and publishes the call for the peers to check.
+    fn begin(
+        &mut self,
+        kind: CallKind,
+        dtype: super::dtype::DType,
+        op: Option<ReduceOp>,
+        count: usize,
+        root: usize,
+        algorithm: Algorithm,
+    ) -> Result<CallDescriptor, EngineError> {
+        if let Some(failure) = self.transport.failure() {
+            return Err(failure.into());
+        }
+        let element_bytes = dtype.size_bytes();
+        let call = CallDescriptor {
+            kind,
+            dtype,
+            op,
+            count: count as u64,
+            root: root as u32,
+            algorithm,
+            chunk_bytes: (self.chunk_bytes / element_bytes * element_bytes) as u32,
+        };
+        self.transport.publish_call(self.calls, call);
+        self.current_call = Some(call);
+        self.predecessor_checked = false;
+        Ok(call)
+    }
+
+    fn end(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
+        self.calls += 1;
+        self.current_call = None;
+        result
+    }
+
+    fn successor(&self) -> usize {
+        (self.rank + 1) % self.nranks
+    }
+
+    fn predecessor(&self) -> usize {
+        (self.rank + self.nranks - 1) % self.nranks
+    }
+
+    /// Compares `peer`'s published descriptor of the current call with ours.
+    fn check_call(&self, peer: usize) -> Result<(), EngineError> {
+        let Some(call) = self.current_call else {
+            return Ok(());
+        };
+        match self.transport.published_call(peer, self.calls) {
+            Some(peer_call) if peer_call != call => Err(self
+                .transport
+                .abort(Failure::MismatchedCall {
+                    rank: self.rank,
+                    call,
+                    peer,
+                    peer_call,
+                })
+                .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rank at the end of the chain of ranks blocked on each other that
+    /// starts at `peer`: the one actually not making progress.
+    fn culprit(&self, peer: usize) -> usize {
+        let mut culprit = peer;
+        for _ in 0..self.nranks {
+            match self.transport.blocked_on(culprit) {
+                Some(next) if next != self.rank && next != culprit => culprit = next,
+                _ => break,
+            }
+        }
+        culprit
+    }
+
+    /// Waits until `owner`'s `signal` reaches `target` (wrapping), which `peer`
+    /// is to bring about: a bounded spin, then futex sleeps in slices between
+    /// which failures, dead or departed peers, mismatched calls and the
+    /// timeout are checked.
+    fn wait_for(
+        &self,
+        peer: usize,
+        owner: usize,
+        signal: Signal,
+        target: u32,
+    ) -> Result<(), EngineError> {
+        let reached = |value: u32| value.wrapping_sub(target) as i32 >= 0;
+        let transport = &*self.transport;
+        let mut value = transport.load(owner, signal);
+        if reached(value) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        while started.elapsed() < self.options.spin {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+            value = transport.load(owner, signal);
+            if reached(value) {
+                return Ok(());
+            }
+        }
+        transport.set_blocked_on(Some(peer));
+        let outcome = loop {
+            // A peer may post what we need and then leave or exit: what it
+            // posted stays readable, so progress is checked before failures.
+            value = transport.load(owner, signal);
+            if reached(value) {
+                break Ok(());
+            }
+            if let Some(failure) = transport.failure() {
+                break Err(failure.into());
+            }
+            if let Err(mismatch) = self.check_call(peer) {
+                break Err(mismatch);
+            }
+            // A rank that exited after dropping its communicator finished
+            // cleanly; one that exited without doing so died mid-job.
+            let died = transport
+                .dead_peers()
+                .into_iter()
+                .find(|(rank, _)| !transport.departed(*rank));
+            if let Some((rank, pid)) = died {
+                break Err(transport.abort(Failure::PeerDied { rank, pid }).into());
+            }
+            if transport.departed(peer) {
+                break Err(transport.abort(Failure::PeerLeft { rank: peer }).into());
+            }
+            let waited = started.elapsed();
+            if waited >= self.options.peer_timeout {
+                let rank = self.culprit(peer);
+                break Err(transport
+                    .abort(Failure::PeerUnresponsive { rank, waited })
+                    .into());
+            }
+            transport.sleep(
+                owner,
+                signal,
+                value,
+                LIVENESS_SLICE.min(self.options.peer_timeout - waited),
+            );
+        };
+        transport.set_blocked_on(None);
+        outcome
+    }
+
+    fn slots(&self, stream: Stream) -> u32 {
+        let sizes = self.transport.sizes();
+        match stream {
+            Stream::Raw => sizes.raw_slots as u32,
+            Stream::Relay => sizes.relay_slots as u32,
+        }
+    }
+
+    fn counts(&mut self, stream: Stream) -> &mut StreamCounts {
+        match stream {
+            Stream::Raw => &mut self.raw,
+            Stream::Relay => &mut self.relay,
+        }
+    }
+
+    fn window_of(stream: Stream, slot: u32) -> Window {
+        let slot = slot as usize;
+        match stream {
+            Stream::Raw => Window::Raw { slot },
+            Stream::Relay => Window::Relay { slot },
+        }
+    }
+
+    fn signals(stream: Stream) -> (Signal, Signal) {
+        match stream {
+            Stream::Raw => (Signal::RawPosted, Signal::RawConsumed),
+            Stream::Relay => (Signal::RelayPosted, Signal::RelayConsumed),
+        }
+    }
+
+    /// Waits for this rank's next slot on `stream` to be free and returns it
+    /// for `len` elements.
+    fn send_slot<T: Element>(
+        &mut self,
+        stream: Stream,
+        len: usize,
+    ) -> Result<&mut [T], EngineError> {
+        let slots = self.slots(stream);
+        let sent = self.counts(stream).sent;
+        let (_, consumed) = Self::signals(stream);
+        self.wait_for(
+            self.successor(),
+            self.rank,
+            consumed,
+            sent.wrapping_add(1).wrapping_sub(slots),
+        )?;
+        let window = self
+            .transport
+            .window(self.rank, Self::window_of(stream, sent % slots));
+        // SAFETY: the slot holds `slot_bytes` ≥ a chunk, is page aligned, and
+        // the successor has consumed what it held: until `post`, only we touch it.
+        Ok(unsafe { std::slice::from_raw_parts_mut(window.cast::<T>(), len) })
+    }
+
+    fn post(&mut self, stream: Stream) {
+        let counts = self.counts(stream);
+        counts.sent = counts.sent.wrapping_add(1);
+        let sent = counts.sent;
+        let (posted, _) = Self::signals(stream);
+        self.transport.store(self.rank, posted, sent);
+    }
+
+    /// Waits for the predecessor's next message on `stream` and returns it
+    /// as `len` elements.
+    fn receive<'a, T: Element>(
+        &mut self,
+        stream: Stream,
+        len: usize,
+    ) -> Result<&'a [T], EngineError> {
+        let predecessor = self.predecessor();
+        let received = self.counts(stream).received;
+        let (posted, _) = Self::signals(stream);
+        self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
+        if !self.predecessor_checked {
+            self.check_call(predecessor)?;
+            self.predecessor_checked = true;
+        }
+        let window = self.transport.window(
+            predecessor,
+            Self::window_of(stream, received % self.slots(stream)),
+        );
+        // SAFETY: the predecessor posted this slot and will not write it again
+        // until we `release` it; it outlives the call (the mapping lives as long
+        // as the transport, which outlives every call).
+        Ok(unsafe { std::slice::from_raw_parts(window.cast::<T>().cast_const(), len) })
+    }
+
+    fn release(&mut self, stream: Stream) {
+        let counts = self.counts(stream);
+        counts.received = counts.received.wrapping_add(1);
+        let received = counts.received;
+        let (_, consumed) = Self::signals(stream);
+        self.transport.store(self.predecessor(), consumed, received);
+    }
+
+    /// Ring reduce-scatter and/or all-gather. Segment s of the buffer is
+    /// reduced along the ring so that rank s ends up owning it (reduce-scatter:
+    /// at step k rank r sends segment r−1−k), then each segment travels once
+    /// more around the ring (all-gather: at step k rank r sends segment r−k).
+    /// Chunks are pipelined: chunk c goes through every step before chunk c+1,
+    /// while the first step (which needs no input from a peer) runs
+    /// `in_flight` chunks ahead on its own stream.
+    fn run_ring<T: Element>(
+        &mut self,
+        call: CallDescriptor,
+        ring: RingCall,
+        mut buffers: Buffers<T>,
+    ) -> Result<(), EngineError> {
+        let (n, r) = (self.nranks, self.rank);
+        let per_rank = match ring {
+            RingCall::AllReduce(_) => buffers.input().len(),
+            RingCall::ReduceScatter(_) => buffers.output().len(),
+            RingCall::AllGather => buffers.input().len(),
+        };
+        if n == 1 {
+            if let Buffers::OutOfPlace { input, output } = &mut buffers {
+                output.copy_from_slice(input);
+            }
+            return Ok(());
+        }
+        // Segment s in the index space of the full N-segment buffer.
+        let segment = |s: usize| match ring {
+            RingCall::AllReduce(_) => part(per_rank, n, s),
+            RingCall::ReduceScatter(_) | RingCall::AllGather => s * per_rank..(s + 1) * per_rank,
+        };
+        let steps = match ring {
+            RingCall::AllReduce(_) => 2 * (n - 1),
+            RingCall::ReduceScatter(_) | RingCall::AllGather => n - 1,
+        };
+        // The segment rank `rank` sends at step k.
+        let sent_segment = |rank: usize, k: usize| -> usize {
+            let back = match ring {
+                RingCall::AllReduce(_) if k < n - 1 => 1 + k,
+                RingCall::AllReduce(_) => k - (n - 1),
+                RingCall::ReduceScatter(_) => 1 + k,
+                RingCall::AllGather => k,
+            };
+            (rank + n * 2 - back % n) % n
+        };
+        // Where segment s of the full index space lives in this rank's input
+        // and output (all_gather's input and reduce_scatter's output hold one
+        // segment only).
+        let input_range = |s: usize| match ring {
+            RingCall::AllGather => 0..per_rank,
+            _ => segment(s),
+        };
+        let output_range = |s: usize| match ring {
+            RingCall::ReduceScatter(_) => 0..per_rank,
+            _ => segment(s),
+        };
+        let op = match ring {
+            RingCall::AllReduce(op) | RingCall::ReduceScatter(op) => Some(op),
+            RingCall::AllGather => None,
+        };
+        if let (RingCall::AllGather, Buffers::OutOfPlace { input, output }) = (ring, &mut buffers) {
+            output[segment(r)].copy_from_slice(input);
+        }
+        let chunk_elements = (call.chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
+        let longest = (0..n).map(|s| segment(s).len()).max().unwrap_or(0);
+        let chunks = longest.div_ceil(chunk_elements).max(1);
+        let ahead = self.options.in_flight;
+        // The last reduce-scatter step, after which this rank owns a reduced segment.
+        let last_reduce = match ring {
+            RingCall::AllReduce(_) | RingCall::ReduceScatter(_) => Some(n - 2),
+            RingCall::AllGather => None,
+        };
+        for iteration in 0..chunks + ahead {
+            if iteration < chunks {
+                let range = clip(&input_range(sent_segment(r, 0)), iteration, chunk_elements);
+                let slot = self.send_slot::<T>(Stream::Raw, range.len())?;
+                slot.copy_from_slice(&buffers.input()[range]);
+                self.post(Stream::Raw);
+            }
+            let Some(chunk) = iteration.checked_sub(ahead) else {
+                continue;
+            };
+            for k in 0..steps {
+                let stream = if k == 0 { Stream::Raw } else { Stream::Relay };
+                let s = sent_segment(self.predecessor(), k);
+                let full = clip(&segment(s), chunk, chunk_elements);
+                let len = full.len();
+                let incoming = self.receive::<T>(stream, len)?;
+                let forward = k + 1 < steps;
+                let reducing = last_reduce.is_some_and(|last| k <= last);
+                if reducing && Some(k) != last_reduce {
+                    let op = op.expect("reduce steps have an op");
+                    let own = &buffers.input()[clip(&input_range(s), chunk, chunk_elements)];
+                    let slot = self.send_slot::<T>(Stream::Relay, len)?;
+                    combine(op, slot, incoming, Some(own));
+                } else {
+                    let out_range = clip(&output_range(s), chunk, chunk_elements);
+                    if reducing {
+                        let op = op.expect("reduce steps have an op");
+                        let in_range = clip(&input_range(s), chunk, chunk_elements);
+                        match &mut buffers {
+                            Buffers::InPlace(buffer) => {
+                                combine(op, &mut buffer[out_range.clone()], incoming, None)
+                            }
+                            Buffers::OutOfPlace { input, output } => combine(
+                                op,
+                                &mut output[out_range.clone()],
+                                incoming,
+                                Some(&input[in_range]),
+                            ),
+                        }
+                        if op == ReduceOp::Avg {
+                            finish_avg(&mut buffers.output()[out_range.clone()], n);
+                        }
+                    } else {
+                        buffers.output()[out_range.clone()].copy_from_slice(incoming);
+                    }
+                    if forward {
+                        let slot = self.send_slot::<T>(Stream::Relay, len)?;
+                        slot.copy_from_slice(&buffers.output()[out_range]);
+                    }
+                }
+                if forward {
+                    self.post(Stream::Relay);
+                }
+                self.release(stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank publishes its buffer (in windows of the one-shot size,
+    /// alternating between two so a round never waits for peers to finish
+    /// reading the previous one) and reduces all N in rank order, so every rank
+    /// computes bit-identical results.
+    fn run_one_shot<T: Element>(
+        &mut self,
+        call: CallDescriptor,
+        op: ReduceOp,
+        mut buffers: Buffers<T>,
+    ) -> Result<(), EngineError> {
+        let count = call.count as usize;
+        let window_elements = self.transport.sizes().one_shot_bytes / std::mem::size_of::<T>();
+        let rounds = count.div_ceil(window_elements).max(1);
+        for round in 0..rounds {
+            let range = clip(&(0..count), round, window_elements);
+            let parity = (self.one_shot_rounds % 2) as usize;
+            let mine = self.transport.window(self.rank, Window::OneShot { parity });
+            // SAFETY: our window of `one_shot_bytes`; every peer has finished
+            // reading it two rounds ago (they posted the round after it, which
+            // they only do once done), so only we touch it until we post.
+            let mine = unsafe { std::slice::from_raw_parts_mut(mine.cast::<T>(), range.len()) };
+            mine.copy_from_slice(&buffers.input()[range.clone()]);
+            self.one_shot_rounds = self.one_shot_rounds.wrapping_add(1);
+            self.transport
+                .store(self.rank, Signal::OneShotPosted, self.one_shot_rounds);
+            for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
+                self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
+                if round == 0 {
+                    self.check_call(peer)?;
+                }
+            }
+            let windows: Vec<&[T]> = (0..self.nranks)
+                .map(|owner| {
+                    let window = self.transport.window(owner, Window::OneShot { parity });
+                    // SAFETY: each owner posted this round; nobody writes its
+                    // window again until every rank has posted the next round.
+                    unsafe {
+                        std::slice::from_raw_parts(window.cast::<T>().cast_const(), range.len())
+                    }
+                })
+                .collect();
+            let output = &mut buffers.output()[range];
+            combine(op, output, windows[1], Some(windows[0]));
+            for window in &windows[2..] {
+                combine(op, output, window, None);
+            }
+            if op == ReduceOp::Avg {
+                finish_avg(output, self.nranks);
+            }
+        }
+        Ok(())
+    }
+
+    /// A pipelined chain root → root+1 → … → root−1 on the raw stream.
+    fn run_broadcast<T: Element>(
+        &mut self,
+        call: CallDescriptor,
+        buffer: &mut [T],
+        root: usize,
+    ) -> Result<(), EngineError> {
+        let position = (self.rank + self.nranks - root) % self.nranks;
+        let chunk_elements = (call.chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
+        let chunks = buffer.len().div_ceil(chunk_elements).max(1);
+        for chunk in 0..chunks {
+            let range = clip(&(0..buffer.len()), chunk, chunk_elements);
+            if position == 0 {
+                let slot = self.send_slot::<T>(Stream::Raw, range.len())?;
+                slot.copy_from_slice(&buffer[range]);
+                self.post(Stream::Raw);
+                continue;
+            }
+            let incoming = self.receive::<T>(Stream::Raw, range.len())?;
+            buffer[range.clone()].copy_from_slice(incoming);
+            if position + 1 < self.nranks {
+                let slot = self.send_slot::<T>(Stream::Raw, range.len())?;
+                slot.copy_from_slice(incoming);
+                self.post(Stream::Raw);
+            }
+            self.release(Stream::Raw);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.transport.set_departed();
+    }
+}

@@ -1,0 +1,296 @@
+//! Element types, reduction operators and the reduce loops.
+//!
+//! The loops take the operator outside the element loop so that each inner loop
+//! is a plain element-wise map the compiler vectorises; integer arithmetic wraps
+//! (as NCCL's does) so every rank and the reference agree bit for bit.
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use half::{bf16, f16};
+
+/// The element type of a collective's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DType {
+    F32 = 1,
+    F64 = 2,
+    F16 = 3,
+    Bf16 = 4,
+    I32 = 5,
+    I64 = 6,
+    U8 = 7,
+}
+
+impl DType {
+    pub const ALL: [DType; 7] = [
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::Bf16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+    ];
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::Bf16 => 2,
+            DType::U8 => 1,
+        }
+    }
+
+    /// The name nccl-tests prints for this type.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float",
+            DType::F64 => "double",
+            DType::F16 => "half",
+            DType::Bf16 => "bfloat16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+        }
+    }
+
+    pub(crate) fn from_wire(code: u8) -> Option<DType> {
+        DType::ALL.into_iter().find(|dtype| *dtype as u8 == code)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is neither an nccl-tests type name nor a Rust one.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown data type {0:?} (float, double, half, bfloat16, int32, int64, uint8)")]
+pub struct UnknownDType(pub String);
+
+impl FromStr for DType {
+    type Err = UnknownDType;
+    fn from_str(name: &str) -> Result<DType, UnknownDType> {
+        Ok(match name {
+            "float" | "f32" | "float32" => DType::F32,
+            "double" | "f64" | "float64" => DType::F64,
+            "half" | "f16" | "float16" => DType::F16,
+            "bfloat16" | "bf16" => DType::Bf16,
+            "int32" | "int" | "i32" => DType::I32,
+            "int64" | "i64" => DType::I64,
+            "uint8" | "u8" => DType::U8,
+            _ => return Err(UnknownDType(name.to_owned())),
+        })
+    }
+}
+
+/// The reduction a collective applies across ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReduceOp {
+    Sum = 1,
+    Prod = 2,
+    Min = 3,
+    Max = 4,
+    /// Sum divided by the rank count (integer division for integer types).
+    Avg = 5,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+
+    pub(crate) fn from_wire(code: u8) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|op| *op as u8 == code)
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not one of the reduction operators.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown reduction {0:?} (sum, prod, min, max, avg)")]
+pub struct UnknownReduceOp(pub String);
+
+impl FromStr for ReduceOp {
+    type Err = UnknownReduceOp;
+    fn from_str(name: &str) -> Result<ReduceOp, UnknownReduceOp> {
+        ReduceOp::ALL
+            .into_iter()
+            .find(|op| op.name() == name)
+            .ok_or_else(|| UnknownReduceOp(name.to_owned()))
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust type the engine can reduce: one per [`DType`]. Sealed because the
+/// engine reinterprets shared-memory bytes as these types, which is sound only
+/// for plain types whose every bit pattern is a valid value.
+pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static + sealed::Sealed {
+    const DTYPE: DType;
+    fn sum(a: Self, b: Self) -> Self;
+    fn prod(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+    fn max(a: Self, b: Self) -> Self;
+    /// `self / nranks`, the last step of [`ReduceOp::Avg`].
+    fn div_by_ranks(self, nranks: usize) -> Self;
+}
+
+macro_rules! float_element {
+    ($ty:ty, $dtype:expr) => {
+        impl sealed::Sealed for $ty {}
+        impl Element for $ty {
+            const DTYPE: DType = $dtype;
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                a + b
+            }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self {
+                a * b
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                a.min(b)
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                a.max(b)
+            }
+            #[inline(always)]
+            fn div_by_ranks(self, nranks: usize) -> Self {
+                self / nranks as $ty
+            }
+        }
+    };
+}
+
+float_element!(f32, DType::F32);
+float_element!(f64, DType::F64);
+
+// f16 and bf16 are reduced through f32, as GPUs do, and rounded back after every
+// step.
+macro_rules! half_element {
+    ($ty:ty, $dtype:expr) => {
+        impl sealed::Sealed for $ty {}
+        impl Element for $ty {
+            const DTYPE: DType = $dtype;
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                <$ty>::from_f32(a.to_f32() + b.to_f32())
+            }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self {
+                <$ty>::from_f32(a.to_f32() * b.to_f32())
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                <$ty>::from_f32(a.to_f32().min(b.to_f32()))
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                <$ty>::from_f32(a.to_f32().max(b.to_f32()))
+            }
+            #[inline(always)]
+            fn div_by_ranks(self, nranks: usize) -> Self {
+                <$ty>::from_f32(self.to_f32() / nranks as f32)
+            }
+        }
+    };
+}
+
+half_element!(f16, DType::F16);
+half_element!(bf16, DType::Bf16);
+
+macro_rules! int_element {
+    ($ty:ty, $dtype:expr) => {
+        impl sealed::Sealed for $ty {}
+        impl Element for $ty {
+            const DTYPE: DType = $dtype;
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self {
+                a.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                Ord::min(a, b)
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                Ord::max(a, b)
+            }
+            #[inline(always)]
+            fn div_by_ranks(self, nranks: usize) -> Self {
+                self / nranks as $ty
+            }
+        }
+    };
+}
+
+int_element!(i32, DType::I32);
+int_element!(i64, DType::I64);
+int_element!(u8, DType::U8);
+
+#[inline(always)]
+fn combine_with<T: Element>(dst: &mut [T], peer: &[T], own: Option<&[T]>, f: impl Fn(T, T) -> T) {
+    match own {
+        Some(own) => {
+            for ((d, p), o) in dst.iter_mut().zip(peer).zip(own) {
+                *d = f(*p, *o);
+            }
+        }
+        None => {
+            for (d, p) in dst.iter_mut().zip(peer) {
+                *d = f(*p, *d);
+            }
+        }
+    }
+}
+
+/// `dst = peer (op) own`, or `dst = peer (op) dst` when `own` is `None` (the
+/// in-place case, where the rank's own contribution already sits in `dst`).
+/// [`ReduceOp::Avg`] sums here; [`finish_avg`] divides once at the end.
+pub(crate) fn combine<T: Element>(op: ReduceOp, dst: &mut [T], peer: &[T], own: Option<&[T]>) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => combine_with(dst, peer, own, T::sum),
+        ReduceOp::Prod => combine_with(dst, peer, own, T::prod),
+        ReduceOp::Min => combine_with(dst, peer, own, T::min),
+        ReduceOp::Max => combine_with(dst, peer, own, T::max),
+    }
+}
+
+/// Divides a fully summed [`ReduceOp::Avg`] result by the rank count.
+pub(crate) fn finish_avg<T: Element>(values: &mut [T], nranks: usize) {
+    for value in values {
+        *value = value.div_by_ranks(nranks);
+    }
+}

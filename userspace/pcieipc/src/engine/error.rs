@@ -1,0 +1,83 @@
+//! The engine's typed errors. Every error that concerns another rank names it, so
+//! a failed job says which process to look at.
+
+use std::io;
+use std::time::Duration;
+
+use super::call::CallDescriptor;
+
+/// Why a collective or the rendezvous failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("rank {rank} is out of range for a communicator of {nranks} ranks")]
+    RankOutOfRange { rank: usize, nranks: usize },
+
+    #[error("a communicator needs at least one rank, got nranks = 0")]
+    NoRanks,
+
+    #[error("rendezvous {name:?}: another rank 0 already listens there")]
+    RendezvousInUse { name: String },
+
+    #[error("rendezvous {name:?}: {context}: {source}")]
+    RendezvousIo {
+        name: String,
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("rendezvous {name:?}: rank {rank} sent a malformed message: {reason}")]
+    RendezvousProtocol {
+        name: String,
+        rank: usize,
+        reason: String,
+    },
+
+    #[error("rank {rank} never joined the rendezvous within {waited:?}")]
+    RankNeverJoined { rank: usize, waited: Duration },
+
+    #[error("rank {rank} joined twice (a second process claims the same rank)")]
+    DuplicateRank { rank: usize },
+
+    #[error("rank {rank} was started for {its_nranks} ranks, this communicator has {nranks}")]
+    RankCountMismatch {
+        rank: usize,
+        its_nranks: usize,
+        nranks: usize,
+    },
+
+    #[error("shared segment of {bytes} bytes: {context}: {source}")]
+    SharedMemory {
+        bytes: usize,
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("rank {rank} (pid {pid}) exited")]
+    PeerDied { rank: usize, pid: u32 },
+
+    #[error("rank {rank} left the communicator while others still needed it")]
+    PeerLeft { rank: usize },
+
+    #[error("rank {rank} made no progress for {waited:?} (it is alive but not in the collective)")]
+    PeerUnresponsive { rank: usize, waited: Duration },
+
+    #[error("rank {rank} called {call}, but rank {peer} called {peer_call}")]
+    MismatchedCall {
+        rank: usize,
+        call: CallDescriptor,
+        peer: usize,
+        peer_call: CallDescriptor,
+    },
+
+    #[error("{what}: got {got} elements, expected {expected}")]
+    BufferLength {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+
+    #[error("broadcast root {root} is out of range for {nranks} ranks")]
+    RootOutOfRange { root: usize, nranks: usize },
+}

@@ -1,0 +1,111 @@
+//! The failure every rank of a communicator reports once one rank has seen it.
+//!
+//! The first rank to detect a dead, departed or unresponsive peer, or a
+//! mismatched call, records it in the transport's shared abort record and wakes
+//! everyone, so all ranks return the same error naming the same rank instead of
+//! each timing out on whichever neighbour it happened to wait for.
+
+use std::time::Duration;
+
+use super::call::CallDescriptor;
+use super::error::EngineError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    PeerDied {
+        rank: usize,
+        pid: u32,
+    },
+    PeerLeft {
+        rank: usize,
+    },
+    PeerUnresponsive {
+        rank: usize,
+        waited: Duration,
+    },
+    MismatchedCall {
+        rank: usize,
+        call: CallDescriptor,
+        peer: usize,
+        peer_call: CallDescriptor,
+    },
+}
+
+/// Words in the shared abort record.
+pub(crate) const FAILURE_WORDS: usize = 9;
+
+impl Failure {
+    pub(crate) fn to_words(self) -> [u64; FAILURE_WORDS] {
+        let mut words = [0u64; FAILURE_WORDS];
+        match self {
+            Failure::PeerDied { rank, pid } => {
+                words[..3].copy_from_slice(&[1, rank as u64, pid as u64]);
+            }
+            Failure::PeerLeft { rank } => {
+                words[..2].copy_from_slice(&[2, rank as u64]);
+            }
+            Failure::PeerUnresponsive { rank, waited } => {
+                words[..3].copy_from_slice(&[3, rank as u64, waited.as_millis() as u64]);
+            }
+            Failure::MismatchedCall {
+                rank,
+                call,
+                peer,
+                peer_call,
+            } => {
+                words[..3].copy_from_slice(&[4, rank as u64, peer as u64]);
+                words[3..6].copy_from_slice(&call.to_words());
+                words[6..9].copy_from_slice(&peer_call.to_words());
+            }
+        }
+        words
+    }
+
+    pub(crate) fn from_words(words: [u64; FAILURE_WORDS]) -> Option<Failure> {
+        let call =
+            |at: usize| CallDescriptor::from_words([words[at], words[at + 1], words[at + 2]]);
+        Some(match words[0] {
+            1 => Failure::PeerDied {
+                rank: words[1] as usize,
+                pid: words[2] as u32,
+            },
+            2 => Failure::PeerLeft {
+                rank: words[1] as usize,
+            },
+            3 => Failure::PeerUnresponsive {
+                rank: words[1] as usize,
+                waited: Duration::from_millis(words[2]),
+            },
+            4 => Failure::MismatchedCall {
+                rank: words[1] as usize,
+                peer: words[2] as usize,
+                call: call(3)?,
+                peer_call: call(6)?,
+            },
+            _ => return None,
+        })
+    }
+}
+
+impl From<Failure> for EngineError {
+    fn from(failure: Failure) -> EngineError {
+        match failure {
+            Failure::PeerDied { rank, pid } => EngineError::PeerDied { rank, pid },
+            Failure::PeerLeft { rank } => EngineError::PeerLeft { rank },
+            Failure::PeerUnresponsive { rank, waited } => {
+                EngineError::PeerUnresponsive { rank, waited }
+            }
+            Failure::MismatchedCall {
+                rank,
+                call,
+                peer,
+                peer_call,
+            } => EngineError::MismatchedCall {
+                rank,
+                call,
+                peer,
+                peer_call,
+            },
+        }
+    }
+}

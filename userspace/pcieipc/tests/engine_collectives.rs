@@ -1,0 +1,380 @@
+//! Every collective, dtype and op against a sequential reference, with the
+//! ranks as separate processes: N = 2, 3, 4, 7; counts 0, 1, N−1, N+1, a prime
+//! and 1 MiB + 3; ring and one-shot; in place and out of place.
+
+mod engine_support;
+
+use std::time::Duration;
+
+use engine_support::{run_ranks, Role};
+use pcieipc::engine::{
+    bf16, f16, Algorithm, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, Element,
+    ReduceOp,
+};
+
+const LIMIT: Duration = Duration::from_secs(120);
+const PRIME: usize = 1009;
+const LARGE: usize = (1 << 20) + 3;
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// A uniform draw in [0, 1) for (rank, index, stream).
+fn unit(rank: usize, index: usize, stream: u64) -> f64 {
+    let bits = splitmix(splitmix(stream ^ (rank as u64) << 40) ^ index as u64);
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+trait TestElement: Element {
+    /// Unit roundoff of a float type; `None` for integers, which must match exactly.
+    const UNIT_ROUNDOFF: Option<f64>;
+    fn from_f64(value: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn from_bits(bits: u64) -> Self;
+
+    fn generate(rank: usize, index: usize, op: ReduceOp) -> Self {
+        let stream = op as u64 * 131 + Self::DTYPE as u64;
+        let u = unit(rank, index, stream);
+        match (Self::UNIT_ROUNDOFF, op) {
+            (None, _) => Self::from_bits(splitmix(u.to_bits())),
+            (Some(_), ReduceOp::Sum | ReduceOp::Avg) => Self::from_f64(2.0 * u - 1.0),
+            // Magnitudes in [0.5, 2) keep a 7-rank product in every type's range.
+            (Some(_), ReduceOp::Prod) => {
+                let sign = if index % 3 == rank % 3 { -1.0 } else { 1.0 };
+                Self::from_f64(sign * (0.5 + 1.5 * u))
+            }
+            (Some(_), ReduceOp::Min | ReduceOp::Max) => Self::from_f64(200.0 * u - 100.0),
+        }
+    }
+}
+
+macro_rules! float_test_element {
+    ($ty:ty, $roundoff:expr, $from:expr, $to:expr) => {
+        impl TestElement for $ty {
+            const UNIT_ROUNDOFF: Option<f64> = Some($roundoff);
+            fn from_f64(value: f64) -> Self {
+                $from(value)
+            }
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
+            fn from_bits(_: u64) -> Self {
+                unreachable!("floats are generated from values")
+            }
+        }
+    };
+}
+
+float_test_element!(f32, 1.0 / (1u64 << 24) as f64, |v| v as f32, |v: f32| v
+    as f64);
+float_test_element!(f64, 1.0 / (1u64 << 53) as f64, |v| v, |v| v);
+float_test_element!(f16, 1.0 / (1u64 << 11) as f64, f16::from_f64, |v: f16| v
+    .to_f64());
+float_test_element!(bf16, 1.0 / (1u64 << 8) as f64, bf16::from_f64, |v: bf16| v
+    .to_f64());
+
+macro_rules! int_test_element {
+    ($ty:ty) => {
+        impl TestElement for $ty {
+            const UNIT_ROUNDOFF: Option<f64> = None;
+            fn from_f64(value: f64) -> Self {
+                value as $ty
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_bits(bits: u64) -> Self {
+                bits as $ty
+            }
+        }
+    };
+}
+
+int_test_element!(i32);
+int_test_element!(i64);
+int_test_element!(u8);
+
+/// The sequential reference: element i folded over ranks 0..N in order, plus
+/// the bound on how far a float result may be from it (0 for exact).
+fn reference<T: TestElement>(nranks: usize, count: usize, op: ReduceOp) -> Vec<(T, f64, f64)> {
+    (0..count)
+        .map(|i| {
+            let values: Vec<T> = (0..nranks).map(|rank| T::generate(rank, i, op)).collect();
+            let fold = |f: fn(T, T) -> T| values[1..].iter().fold(values[0], |acc, v| f(acc, *v));
+            let exact = match op {
+                ReduceOp::Sum => fold(T::sum),
+                ReduceOp::Avg => fold(T::sum).div_by_ranks(nranks),
+                ReduceOp::Prod => fold(T::prod),
+                ReduceOp::Min => fold(T::min),
+                ReduceOp::Max => fold(T::max),
+            };
+            let Some(u) = T::UNIT_ROUNDOFF else {
+                return (exact, 0.0, 0.0);
+            };
+            let wide: Vec<f64> = values.iter().map(|v| v.to_f64()).collect();
+            let magnitude: f64 = wide.iter().map(|v| v.abs()).sum();
+            let steps = (nranks + 1) as f64;
+            match op {
+                ReduceOp::Min | ReduceOp::Max => (exact, exact.to_f64(), 0.0),
+                ReduceOp::Sum => (exact, wide.iter().sum(), 2.0 * steps * u * magnitude),
+                ReduceOp::Avg => {
+                    let mean = wide.iter().sum::<f64>() / nranks as f64;
+                    (
+                        exact,
+                        mean,
+                        2.0 * steps * u * magnitude / nranks as f64 + 2.0 * u * mean.abs(),
+                    )
+                }
+                ReduceOp::Prod => {
+                    let product: f64 = wide.iter().product();
+                    (exact, product, 2.0 * steps * u * product.abs())
+                }
+            }
+        })
+        .collect()
+}
+
+fn assert_matches<T: TestElement>(got: &[T], expected: &[(T, f64, f64)], what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: length");
+    for (i, (value, (exact, wide, tolerance))) in got.iter().zip(expected).enumerate() {
+        if T::UNIT_ROUNDOFF.is_none() || *tolerance == 0.0 {
+            assert_eq!(value, exact, "{what}: element {i}");
+        } else {
+            let error = (value.to_f64() - wide).abs();
+            assert!(
+                error <= *tolerance,
+                "{what}: element {i} = {value:?}, reference {wide}, error {error} > {tolerance}"
+            );
+        }
+    }
+}
+
+fn check_all_reduce<T: TestElement>(comm: &mut Communicator, counts: &[usize], ops: &[ReduceOp]) {
+    let (rank, nranks) = (comm.rank(), comm.nranks());
+    for &op in ops {
+        for &count in counts {
+            let expected = reference::<T>(nranks, count, op);
+            let input: Vec<T> = (0..count).map(|i| T::generate(rank, i, op)).collect();
+            let what = format!(
+                "all_reduce {} {op} count {count} on {nranks} ranks via {}",
+                T::DTYPE,
+                comm.algorithm_for::<T>(count)
+            );
+            let mut output = vec![T::from_f64(0.0); count];
+            comm.all_reduce(&input, &mut output, op).expect(&what);
+            assert_matches(&output, &expected, &format!("{what}, out of place"));
+            let mut buffer = input.clone();
+            comm.all_reduce_in_place(&mut buffer, op).expect(&what);
+            assert_matches(&buffer, &expected, &format!("{what}, in place"));
+        }
+    }
+}
+
+fn check_every_dtype(comm: &mut Communicator, counts: &[usize], ops: &[ReduceOp]) {
+    check_all_reduce::<f32>(comm, counts, ops);
+    check_all_reduce::<f64>(comm, counts, ops);
+    check_all_reduce::<f16>(comm, counts, ops);
+    check_all_reduce::<bf16>(comm, counts, ops);
+    check_all_reduce::<i32>(comm, counts, ops);
+    check_all_reduce::<i64>(comm, counts, ops);
+    check_all_reduce::<u8>(comm, counts, ops);
+}
+
+fn check_reduce_scatter<T: TestElement>(comm: &mut Communicator, per_rank: usize, op: ReduceOp) {
+    let (rank, nranks) = (comm.rank(), comm.nranks());
+    let expected = reference::<T>(nranks, per_rank * nranks, op);
+    let input: Vec<T> = (0..per_rank * nranks)
+        .map(|i| T::generate(rank, i, op))
+        .collect();
+    let mut output = vec![T::from_f64(0.0); per_rank];
+    let what = format!(
+        "reduce_scatter {} {op} {per_rank} per rank on {nranks} ranks",
+        T::DTYPE
+    );
+    comm.reduce_scatter(&input, &mut output, op).expect(&what);
+    assert_matches(
+        &output,
+        &expected[rank * per_rank..(rank + 1) * per_rank],
+        &what,
+    );
+}
+
+fn check_all_gather<T: TestElement>(comm: &mut Communicator, per_rank: usize) {
+    let (rank, nranks) = (comm.rank(), comm.nranks());
+    let input: Vec<T> = (0..per_rank)
+        .map(|i| T::generate(rank, i, ReduceOp::Max))
+        .collect();
+    let mut output = vec![T::from_f64(0.0); per_rank * nranks];
+    let what = format!(
+        "all_gather {} {per_rank} per rank on {nranks} ranks",
+        T::DTYPE
+    );
+    comm.all_gather(&input, &mut output).expect(&what);
+    for from in 0..nranks {
+        let sent: Vec<T> = (0..per_rank)
+            .map(|i| T::generate(from, i, ReduceOp::Max))
+            .collect();
+        assert_eq!(
+            &output[from * per_rank..(from + 1) * per_rank],
+            &sent[..],
+            "{what}: rank {from}'s part"
+        );
+    }
+}
+
+fn check_broadcast<T: TestElement>(comm: &mut Communicator, count: usize) {
+    let (rank, nranks) = (comm.rank(), comm.nranks());
+    for root in 0..nranks {
+        let mut buffer: Vec<T> = (0..count)
+            .map(|i| T::generate(rank, i, ReduceOp::Min))
+            .collect();
+        let what = format!(
+            "broadcast {} count {count} from {root} on {nranks} ranks",
+            T::DTYPE
+        );
+        comm.broadcast(&mut buffer, root).expect(&what);
+        let sent: Vec<T> = (0..count)
+            .map(|i| T::generate(root, i, ReduceOp::Min))
+            .collect();
+        assert_eq!(buffer, sent, "{what}");
+    }
+}
+
+/// Small chunks and one-shot windows, so that small counts still cross many
+/// chunk and window boundaries.
+fn small_window_options() -> CommOptions {
+    CommOptions {
+        chunk_policy: ChunkPolicy::fixed(256),
+        one_shot_read_budget: 4096,
+        in_flight: 2,
+        spin: Duration::from_micros(5),
+        ..CommOptions::default()
+    }
+}
+
+fn every_collective_small(role: Role) {
+    let n = role.nranks;
+    let mut comm =
+        Communicator::init(&role.rendezvous, role.rank, n, small_window_options()).expect("init");
+    let counts = [0, 1, n - 1, n + 1, PRIME];
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+        comm.set_algorithm(AlgorithmChoice::Fixed(algorithm));
+        check_every_dtype(&mut comm, &counts, &ReduceOp::ALL);
+    }
+    for per_rank in [0, 1, 7, 300] {
+        check_reduce_scatter::<f32>(&mut comm, per_rank, ReduceOp::Sum);
+        check_reduce_scatter::<i64>(&mut comm, per_rank, ReduceOp::Prod);
+        check_reduce_scatter::<bf16>(&mut comm, per_rank, ReduceOp::Avg);
+        check_reduce_scatter::<u8>(&mut comm, per_rank, ReduceOp::Min);
+        check_all_gather::<f64>(&mut comm, per_rank);
+        check_all_gather::<u8>(&mut comm, per_rank);
+    }
+    for count in [0, 1, PRIME] {
+        check_broadcast::<i32>(&mut comm, count);
+        check_broadcast::<f16>(&mut comm, count);
+    }
+}
+
+#[test]
+fn every_collective_dtype_and_op_on_2_ranks() {
+    run_ranks(
+        "every_collective_dtype_and_op_on_2_ranks",
+        2,
+        LIMIT,
+        every_collective_small,
+    );
+}
+
+#[test]
+fn every_collective_dtype_and_op_on_3_ranks() {
+    run_ranks(
+        "every_collective_dtype_and_op_on_3_ranks",
+        3,
+        LIMIT,
+        every_collective_small,
+    );
+}
+
+#[test]
+fn every_collective_dtype_and_op_on_4_ranks() {
+    run_ranks(
+        "every_collective_dtype_and_op_on_4_ranks",
+        4,
+        LIMIT,
+        every_collective_small,
+    );
+}
+
+#[test]
+fn every_collective_dtype_and_op_on_7_ranks() {
+    run_ranks(
+        "every_collective_dtype_and_op_on_7_ranks",
+        7,
+        LIMIT,
+        every_collective_small,
+    );
+}
+
+/// 1 MiB + 3 elements with the default options (so the size picks the ring and
+/// the default chunks): every dtype × op on 2 ranks, where the test is cheapest.
+#[test]
+fn large_all_reduce_every_dtype_and_op_on_2_ranks() {
+    run_ranks(
+        "large_all_reduce_every_dtype_and_op_on_2_ranks",
+        2,
+        LIMIT,
+        |role| {
+            let mut comm =
+                Communicator::init(&role.rendezvous, role.rank, 2, CommOptions::default())
+                    .expect("init");
+            assert_eq!(comm.algorithm_for::<u8>(LARGE), Algorithm::Ring);
+            check_every_dtype(&mut comm, &[LARGE], &ReduceOp::ALL);
+        },
+    );
+}
+
+/// 1 MiB + 3 elements on more ranks, for a float and an integer type.
+fn large_subset(role: Role) {
+    let mut comm = Communicator::init(
+        &role.rendezvous,
+        role.rank,
+        role.nranks,
+        CommOptions::default(),
+    )
+    .expect("init");
+    check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
+    check_all_reduce::<i32>(&mut comm, &[LARGE], &[ReduceOp::Max]);
+}
+
+#[test]
+fn large_all_reduce_on_3_ranks() {
+    run_ranks("large_all_reduce_on_3_ranks", 3, LIMIT, large_subset);
+}
+
+#[test]
+fn large_all_reduce_on_4_ranks() {
+    run_ranks("large_all_reduce_on_4_ranks", 4, LIMIT, large_subset);
+}
+
+#[test]
+fn large_all_reduce_on_7_ranks() {
+    run_ranks("large_all_reduce_on_7_ranks", 7, LIMIT, large_subset);
+}
+
+#[test]
+fn single_rank_is_a_copy() {
+    let mut comm =
+        Communicator::init("unused-single-rank", 0, 1, CommOptions::default()).expect("init");
+    let input = [1.5f32, -2.0, 3.25];
+    let mut output = [0.0f32; 3];
+    comm.all_reduce(&input, &mut output, ReduceOp::Avg)
+        .expect("all_reduce");
+    assert_eq!(output, input);
+    let mut gathered = [0.0f32; 3];
+    comm.all_gather(&input, &mut gathered).expect("all_gather");
+    assert_eq!(gathered, input);
+}
