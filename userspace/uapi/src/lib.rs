@@ -1,1 +1,29 @@
+//! Bindings of `include/uapi/pcieipc.h`, the ABI of `/dev/pcieipc`.
+//!
+//! `generated.rs` is bindgen's output for the header (scripts/gen-uapi.sh); it
+//! is committed so that building userspace needs no libclang, and the test
+//! command regenerates it and fails on any difference. The kernel module
+//! includes the same file. This crate adds the raw ioctl calls, made with
+//! nix's ioctl macros; `pcieipc::device` wraps them in a typed API.
 
+#[allow(non_camel_case_types, non_upper_case_globals, clippy::all)]
+mod generated {
+    include!("generated.rs");
+}
+pub use generated::*;
+
+/// Raw ioctl calls, one per ioctl of the header.
+///
+/// Every pcieipc ioctl is `_IO(magic, nr)` with an argsz-versioned struct
+/// behind the pointer (the VFIO convention), which is nix's "bad" ioctl form:
+/// the request number is taken as it is from the header.
+pub mod ioctl {
+    use super::*;
+
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_VERSION`: fills a `pcieipc_version` whose `argsz` is set.
+        version,
+        PCIEIPC_IOC_VERSION,
+        pcieipc_version
+    );
+}

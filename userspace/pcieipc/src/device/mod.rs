@@ -1,1 +1,123 @@
-//! Placeholder: being written.
+//! Typed client of the `/dev/pcieipc` kernel module.
+//!
+//! Each ioctl of `include/uapi/pcieipc.h` gets one method that fills the
+//! argsz-versioned struct, calls the raw ioctl from `pcieipc_uapi::ioctl` and
+//! returns plain Rust values; errors carry the device path.
+
+use std::{
+    ffi::CStr,
+    fs::{File, OpenOptions},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+use pcieipc_uapi as uapi;
+
+/// Where the module's misc device appears.
+pub const DEFAULT_PATH: &str = "/dev/pcieipc";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("{path}: cannot open: {source} (is pcieipc.ko loaded? `insmod pcieipc.ko`)")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {ioctl} failed: {errno}")]
+    Ioctl {
+        path: PathBuf,
+        ioctl: &'static str,
+        errno: nix::errno::Errno,
+    },
+    #[error(
+        "{path}: the module speaks ABI {module_major}.{module_minor}, this program ABI {ours_major}.{ours_minor}: \
+         load the module built from the same sources"
+    )]
+    AbiMismatch {
+        path: PathBuf,
+        module_major: u16,
+        module_minor: u16,
+        ours_major: u16,
+        ours_minor: u16,
+    },
+}
+
+/// What `PCIEIPC_IOC_VERSION` reports.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ModuleVersion {
+    pub abi_major: u16,
+    pub abi_minor: u16,
+    pub bound_devices: u32,
+    pub module_version: String,
+}
+
+/// An open `/dev/pcieipc`.
+#[derive(Debug)]
+pub struct Device {
+    file: File,
+    path: PathBuf,
+}
+
+impl Device {
+    /// Opens the device and checks that the module speaks this program's ABI
+    /// major version (a newer minor version is compatible).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, DeviceError> {
+        let path = path.as_ref().to_path_buf();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| DeviceError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        let device = Self { file, path };
+        let version = device.version()?;
+        let ours_major = uapi::PCIEIPC_ABI_MAJOR as u16;
+        let ours_minor = uapi::PCIEIPC_ABI_MINOR as u16;
+        if version.abi_major != ours_major || version.abi_minor < ours_minor {
+            return Err(DeviceError::AbiMismatch {
+                path: device.path,
+                module_major: version.abi_major,
+                module_minor: version.abi_minor,
+                ours_major,
+                ours_minor,
+            });
+        }
+        Ok(device)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `PCIEIPC_IOC_VERSION`.
+    pub fn version(&self) -> Result<ModuleVersion, DeviceError> {
+        let mut arg = uapi::pcieipc_version {
+            argsz: size_of::<uapi::pcieipc_version>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: `arg` is a live, properly sized `pcieipc_version` whose argsz
+        // tells the module how far it may write.
+        unsafe { uapi::ioctl::version(self.file.as_raw_fd(), &mut arg) }
+            .map_err(|errno| self.ioctl_error("PCIEIPC_IOC_VERSION", errno))?;
+        let bytes: Vec<u8> = arg.module_version.iter().map(|&c| c as u8).collect();
+        let module_version = CStr::from_bytes_until_nul(&bytes)
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+        Ok(ModuleVersion {
+            abi_major: arg.abi_major,
+            abi_minor: arg.abi_minor,
+            bound_devices: arg.bound_devices,
+            module_version,
+        })
+    }
+
+    fn ioctl_error(&self, ioctl: &'static str, errno: nix::errno::Errno) -> DeviceError {
+        DeviceError::Ioctl {
+            path: self.path.clone(),
+            ioctl,
+            errno,
+        }
+    }
+}

@@ -1,0 +1,33 @@
+# Thin wrappers over scripts/; see README.md.
+.PHONY: all build run test testbed uapi kmod clean-kmod
+
+all: build
+
+# Host prerequisites, the testbed kernel (cached), the module, userspace.
+build:
+	bash scripts/build-all.sh
+
+# The main job.
+run:
+	bash scripts/run.sh
+
+# All tests (what CI runs).
+test:
+	bash scripts/test.sh
+
+# One topology file + guest script by hand:
+#   make testbed TOPO=tests/topologies/fabric.toml GUEST=tests/guest/tree.sh [HOST=tests/host/x.sh]
+testbed:
+	@test -n "$(TOPO)" -a -n "$(GUEST)" || { echo "usage: make testbed TOPO=FILE GUEST=SCRIPT [HOST=SCRIPT]"; exit 2; }
+	bash scripts/testbed.sh "$(TOPO)" "$(GUEST)" $(HOST)
+
+# Regenerate userspace/uapi/src/generated.rs after editing include/uapi/pcieipc.h.
+uapi:
+	bash scripts/gen-uapi.sh
+
+# Rebuild only the module (after build has run once).
+kmod:
+	. build/env.sh && $(MAKE) -C "$$PCIEIPC_KERNEL_BUILD" M=$(CURDIR) LLVM= modules
+
+clean-kmod:
+	. build/env.sh && $(MAKE) -C "$$PCIEIPC_KERNEL_BUILD" M=$(CURDIR) LLVM= clean

@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The ABI types: the very bindgen output that userspace uses, plus the
+//! argsz protocol shared by every ioctl.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    non_camel_case_types,
+    non_upper_case_globals,
+    clippy::all,
+    missing_docs
+)]
+
+use kernel::{
+    prelude::*,
+    transmute::{AsBytes, FromBytes},
+    uaccess::{UserPtr, UserSlice},
+};
+
+include!("../userspace/uapi/src/generated.rs");
+
+// SAFETY: `pcieipc_version` is `repr(C)`, has no padding (checked by the
+// layout assertions in the generated file: 48 bytes of u32/u16/c_char fields
+// that add up to 48) and every bit pattern of its integer fields is valid.
+unsafe impl FromBytes for pcieipc_version {}
+// SAFETY: as above: no padding, so every byte is initialised.
+unsafe impl AsBytes for pcieipc_version {}
+
+/// An ioctl argument of an argsz-versioned struct (see the header's
+/// conventions): `argsz` must cover at least `min_size` bytes; only the first
+/// `min(argsz, size_of::<T>())` bytes are read and written back.
+pub(crate) struct ArgszArg<T> {
+    user: UserPtr,
+    len: usize,
+    pub(crate) value: T,
+}
+
+impl<T: FromBytes + AsBytes + Default> ArgszArg<T> {
+    /// Reads the caller's struct. `min_size` is the struct's size in the ABI
+    /// version that introduced the ioctl.
+    pub(crate) fn read(arg: usize, min_size: usize) -> Result<Self> {
+        let mut argsz_reader = UserSlice::new(UserPtr::from_addr(arg), size_of::<u32>()).reader();
+        let argsz = argsz_reader.read::<u32>()? as usize;
+        if argsz < min_size {
+            return Err(EINVAL);
+        }
+        let len = argsz.min(size_of::<T>());
+        let mut value = T::default();
+        let mut reader = UserSlice::new(UserPtr::from_addr(arg), len).reader();
+        reader.read_slice(&mut value.as_bytes_mut()[..len])?;
+        Ok(Self {
+            user: UserPtr::from_addr(arg),
+            len,
+            value,
+        })
+    }
+
+    /// Copies the struct back to the caller, as far as its argsz reaches.
+    pub(crate) fn write_back(&self) -> Result {
+        let mut writer = UserSlice::new(self.user, self.len).writer();
+        writer.write_slice(&self.value.as_bytes()[..self.len])
+    }
+}

@@ -1,0 +1,227 @@
+//! The guest's initramfs: busybox, /init, the module, the guest programs with
+//! the shared libraries they link, the guest script and its library.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use crate::tree::TreeLine;
+
+/// Markers the guest prints on its console; the harness reads them.
+pub const MARK_START: &str = "@@pcieipc-testbed guest-start";
+pub const MARK_DMESG_BEGIN: &str = "@@pcieipc-testbed dmesg-begin";
+pub const MARK_DMESG_END: &str = "@@pcieipc-testbed dmesg-end";
+pub const MARK_EXIT: &str = "@@pcieipc-testbed exit=";
+
+/// Where busybox-static puts its binary on Debian.
+const BUSYBOX: &str = "/bin/busybox";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitramfsError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Input { path: PathBuf, message: String },
+    #[error("building the initramfs archive: {0}")]
+    Archive(String),
+}
+
+pub struct Contents<'a> {
+    pub guest_script: &'a Path,
+    pub module: Option<&'a Path>,
+    pub binaries: &'a [PathBuf],
+    pub expected_tree: &'a [TreeLine],
+    pub topology_text: &'a str,
+}
+
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /tmp /run /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp
+# ttyS1 is the channel to the harness (see /testbed/lib.sh): raw, no echo.
+exec 3<>/dev/ttyS1
+stty -F /dev/ttyS1 raw -echo
+echo "@@pcieipc-testbed guest-start"
+cd /testbed
+sh -e -c '. /testbed/lib.sh; . /testbed/guest.sh'
+rc=$?
+echo "@@pcieipc-testbed dmesg-begin"
+dmesg
+echo "@@pcieipc-testbed dmesg-end"
+echo "@@pcieipc-testbed exit=$rc"
+poweroff -f
+"#;
+
+/// `host VERB ARGS...`: asks the harness on the host to act and prints its
+/// answer; a program rather than a shell function so that `sh -c` and
+/// `check` can use it. Verbs: `hmp COMMAND LINE` (a QEMU monitor command, e.g.
+/// pcie_aer_inject_error), `unplug DEVICE-ID` (device_del, waits for the
+/// removal). Fails when the host answers with an error. Uses fd 3, the
+/// channel /init opens on ttyS1.
+const HOST: &str = r#"#!/bin/sh
+echo "$*" >&3
+IFS= read -r reply <&3
+case "$reply" in
+    "ok "*|ok) echo "${reply#ok}" ;;
+    *) echo "host $*: ${reply#err }" >&2; exit 1 ;;
+esac
+"#;
+
+const LIB: &str = r#"# Sourced before every guest script.
+PCIEIPC_PASSED=0
+PCIEIPC_FAILED=0
+# check DESCRIPTION COMMAND...: runs COMMAND; counts and prints the result.
+check() {
+    desc="$1"; shift
+    if out="$("$@" 2>&1)"; then
+        PCIEIPC_PASSED=$((PCIEIPC_PASSED + 1)); echo "PASS: $desc"
+    else
+        PCIEIPC_FAILED=$((PCIEIPC_FAILED + 1)); echo "FAIL: $desc"; echo "$out" | sed 's/^/    /'
+    fi
+}
+# summary: prints the counts; fails if any check failed or none ran.
+summary() {
+    echo "guest: $PCIEIPC_PASSED passed, $PCIEIPC_FAILED failed"
+    [ "$PCIEIPC_FAILED" = 0 ] && [ "$PCIEIPC_PASSED" -gt 0 ]
+}
+"#;
+
+/// Writes the archive (uncompressed newc cpio) to `out`.
+pub fn build(contents: &Contents<'_>, staging: &Path, out: &Path) -> Result<(), InitramfsError> {
+    if !contents.guest_script.is_file() {
+        return Err(InitramfsError::Input {
+            path: contents.guest_script.to_path_buf(),
+            message: "guest script not found".into(),
+        });
+    }
+    let busybox = Path::new(BUSYBOX);
+    if !busybox.is_file() {
+        return Err(InitramfsError::Input {
+            path: busybox.to_path_buf(),
+            message: "busybox not found (install busybox-static: scripts/setup-host.sh)".into(),
+        });
+    }
+    let _ = fs::remove_dir_all(staging);
+    mkdir(&staging.join("testbed"))?;
+    mkdir(&staging.join("lib/modules"))?;
+    copy(busybox, &staging.join("bin/busybox"))?;
+    write(&staging.join("init"), INIT, true)?;
+    write(&staging.join("bin/host"), HOST, true)?;
+    write(&staging.join("testbed/lib.sh"), LIB, false)?;
+    copy(contents.guest_script, &staging.join("testbed/guest.sh"))?;
+    write(&staging.join("testbed/topology.toml"), contents.topology_text, false)?;
+    let tree: String = contents.expected_tree.iter().map(|l| format!("{l}\n")).collect();
+    write(&staging.join("testbed/expected-tree.txt"), &tree, false)?;
+    if let Some(module) = contents.module {
+        copy(module, &staging.join("lib/modules").join(file_name(module)?))?;
+    }
+    for binary in contents.binaries {
+        copy(binary, &staging.join("bin").join(file_name(binary)?))?;
+        for library in shared_libraries(binary)? {
+            let inside = staging.join(library.strip_prefix("/").unwrap_or(&library));
+            if !inside.exists() {
+                copy(&library, &inside)?;
+            }
+        }
+    }
+    let archive = fs::File::create(out).map_err(|source| InitramfsError::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    // `find | cpio` from inside the staging tree: paths relative to its root.
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg("find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc")
+        .current_dir(staging)
+        .stdout(Stdio::from(archive))
+        .status()
+        .map_err(|e| InitramfsError::Archive(format!("cannot run find | cpio: {e}")))?;
+    if !status.success() {
+        return Err(InitramfsError::Archive(format!("find | cpio exited with {status} (is cpio installed?)")));
+    }
+    Ok(())
+}
+
+/// The shared libraries (and the dynamic loader) a binary needs, from ldd.
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, InitramfsError> {
+    let output = Command::new("ldd").arg(binary).output().map_err(|source| InitramfsError::Io {
+        path: binary.to_path_buf(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if text.contains("not a dynamic executable") || String::from_utf8_lossy(&output.stderr).contains("not a dynamic") {
+        return Ok(Vec::new());
+    }
+    if !output.status.success() {
+        return Err(InitramfsError::Input {
+            path: binary.to_path_buf(),
+            message: format!("ldd failed: {}", String::from_utf8_lossy(&output.stderr).trim()),
+        });
+    }
+    let mut libraries = Vec::new();
+    for line in text.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let target = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(path) = target.filter(|p| p.starts_with('/')) {
+            libraries.push(PathBuf::from(path));
+            // Keep the loader's canonical path too: /lib64 is a link on Debian.
+            if let Ok(real) = fs::canonicalize(path) {
+                if real != Path::new(path) {
+                    libraries.push(real);
+                }
+            }
+        } else if line.contains("not found") {
+            return Err(InitramfsError::Input {
+                path: binary.to_path_buf(),
+                message: format!("a shared library is missing: {}", line.trim()),
+            });
+        }
+    }
+    Ok(libraries)
+}
+
+fn file_name(path: &Path) -> Result<&std::ffi::OsStr, InitramfsError> {
+    path.file_name().ok_or_else(|| InitramfsError::Input {
+        path: path.to_path_buf(),
+        message: "not a file name".into(),
+    })
+}
+
+fn mkdir(path: &Path) -> Result<(), InitramfsError> {
+    fs::create_dir_all(path).map_err(|source| InitramfsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), InitramfsError> {
+    if let Some(parent) = to.parent() {
+        mkdir(parent)?;
+    }
+    fs::copy(from, to).map(drop).map_err(|source| InitramfsError::Io {
+        path: from.to_path_buf(),
+        source,
+    })
+}
+
+fn write(path: &Path, text: &str, executable: bool) -> Result<(), InitramfsError> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, text).map_err(|source| InitramfsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mode = if executable { 0o755 } else { 0o644 };
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|source| InitramfsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -1,0 +1,522 @@
+//! One testbed run: ivshmem servers, initramfs, QEMU, the host control
+//! channel, the time limit, and the verdict.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    os::unix::net::{UnixListener, UnixStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use pcieipc_ivshmem_server::{RunningServer, ServerConfig, DEFAULT_MAX_PEERS};
+use serde_json::json;
+
+use crate::{
+    fabric::{self, Fabric},
+    initramfs::{self, InitramfsError, MARK_DMESG_BEGIN, MARK_DMESG_END, MARK_EXIT, MARK_START},
+    qmp::{Qmp, QmpError},
+    topology::{Topology, TopologyError},
+};
+
+/// Default time limit of a run when neither the topology nor the caller sets one.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long QEMU may take to connect its control sockets after it starts.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a hot-unplug may take before the host reports failure.
+const UNPLUG_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Patterns in the guest kernel log that fail a run whatever the guest said.
+const KERNEL_LOG_FAILURES: [&str; 9] = [
+    "WARNING:",
+    "BUG:",
+    "Oops",
+    "KASAN",
+    "UBSAN",
+    "general protection fault",
+    "Kernel panic",
+    "Call Trace:",
+    "panicked at",
+];
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub topology: PathBuf,
+    pub guest_script: PathBuf,
+    pub kernel: PathBuf,
+    pub module: Option<PathBuf>,
+    /// Programs copied to the guest's /bin, with their shared libraries.
+    pub binaries: Vec<PathBuf>,
+    /// A script run on the host during the guest's run, with
+    /// PCIEIPC_TESTBED_QMP naming a QMP socket it may use.
+    pub host_script: Option<PathBuf>,
+    pub qemu: PathBuf,
+    pub firmware_dirs: Vec<PathBuf>,
+    pub timeout: Option<Duration>,
+    /// Echo the guest console as it arrives.
+    pub echo_console: bool,
+}
+
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub guest_exit: i32,
+    pub console: Vec<String>,
+    /// Lines of the guest kernel log that match KERNEL_LOG_FAILURES.
+    pub kernel_log_failures: Vec<String>,
+}
+
+impl RunOutcome {
+    pub fn passed(&self) -> bool {
+        self.guest_exit == 0 && self.kernel_log_failures.is_empty()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    #[error("{path}: {what} not found")]
+    Missing { path: PathBuf, what: &'static str },
+    #[error(transparent)]
+    Initramfs(#[from] InitramfsError),
+    #[error("ivshmem server for region {region:?}: {source}")]
+    Ivshmem {
+        region: String,
+        source: pcieipc_ivshmem_server::Error,
+    },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("QEMU ({qemu}) could not start: {source}")]
+    QemuSpawn { qemu: PathBuf, source: std::io::Error },
+    #[error("QEMU exited ({status}) before the guest finished; QEMU said:\n{stderr}\nlast console lines:\n{tail}")]
+    QemuExited { status: String, stderr: String, tail: String },
+    #[error("QEMU did not connect its {what} socket within {CONNECT_TIMEOUT:?}; QEMU said:\n{stderr}")]
+    NoConnection { what: &'static str, stderr: String },
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
+    #[error("the guest did not finish within {limit:?}: QEMU was killed; last console lines:\n{tail}")]
+    Timeout { limit: Duration, tail: String },
+    #[error("host script {path} failed: {status}")]
+    HostScript { path: PathBuf, status: String },
+}
+
+pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
+    let topology = Topology::load(&config.topology)?;
+    let topology_text = std::fs::read_to_string(&config.topology).map_err(|source| RunError::Io {
+        path: config.topology.clone(),
+        source,
+    })?;
+    for (path, what) in [(&config.guest_script, "guest script"), (&config.kernel, "kernel image")] {
+        if !path.is_file() {
+            return Err(RunError::Missing { path: path.clone(), what });
+        }
+    }
+    if let Some(module) = &config.module {
+        if !module.is_file() {
+            return Err(RunError::Missing { path: module.clone(), what: "kernel module" });
+        }
+    }
+    let fabric = fabric::lay_out(&topology);
+    let work = WorkDir::create()?;
+
+    let servers = start_ivshmem_servers(&topology, work.path())?;
+    let initrd = work.path().join("initramfs.cpio");
+    initramfs::build(
+        &initramfs::Contents {
+            guest_script: &config.guest_script,
+            module: config.module.as_deref(),
+            binaries: &config.binaries,
+            expected_tree: &fabric.expected_tree,
+            topology_text: &topology_text,
+        },
+        &work.path().join("initramfs"),
+        &initrd,
+    )?;
+
+    let control_path = work.path().join("hostctl.sock");
+    let qmp_path = work.path().join("qmp.sock");
+    let host_qmp_path = work.path().join("qmp-host.sock");
+    let control_listener = bind(&control_path)?;
+    let qmp_listener = bind(&qmp_path)?;
+
+    let memory = topology.vm.memory_mib.unwrap_or(512);
+    let args = qemu_args(config, &fabric, &servers, &initrd, memory, &control_path, &qmp_path, &host_qmp_path);
+    let mut qemu = Command::new(&config.qemu)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| RunError::QemuSpawn { qemu: config.qemu.clone(), source })?;
+    let guard = KillOnDrop(&mut qemu);
+    let result = supervise(config, &topology, guard, control_listener, qmp_listener, &host_qmp_path);
+    drop(servers);
+    result
+}
+
+/// One ivshmem server per region, listening in the work directory.
+fn start_ivshmem_servers(topology: &Topology, dir: &Path) -> Result<Vec<(String, RunningServer)>, RunError> {
+    topology
+        .regions
+        .iter()
+        .map(|region| {
+            let config = ServerConfig {
+                socket_path: dir.join(format!("ivshmem-{}.sock", region.id)),
+                shm_size: pcieipc_ivshmem_server::parse_size(&region.size).map_err(|source| RunError::Ivshmem {
+                    region: region.id.clone(),
+                    source,
+                })?,
+                vectors: region.vectors,
+                max_peers: DEFAULT_MAX_PEERS,
+            };
+            let server = pcieipc_ivshmem_server::spawn(config).map_err(|source| RunError::Ivshmem {
+                region: region.id.clone(),
+                source,
+            })?;
+            Ok((region.id.clone(), server))
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qemu_args(
+    config: &RunConfig,
+    fabric: &Fabric,
+    servers: &[(String, RunningServer)],
+    initrd: &Path,
+    memory_mib: u32,
+    control: &Path,
+    qmp: &Path,
+    host_qmp: &Path,
+) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "-accel", "tcg", "-M", "q35", "-cpu", "max", "-smp", "2", "-nodefaults", "-display", "none", "-no-reboot",
+        "-serial", "stdio",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push("-m".into());
+    args.push(memory_mib.to_string());
+    // ttyS1: the guest's requests to the harness (QEMU connects to our listener).
+    args.push("-serial".into());
+    args.push(format!("unix:{}", control.display()));
+    args.push("-chardev".into());
+    args.push(format!("socket,id=harness-qmp,path={}", qmp.display()));
+    args.push("-mon".into());
+    args.push("chardev=harness-qmp,mode=control".into());
+    args.push("-qmp".into());
+    args.push(format!("unix:{},server=on,wait=off", host_qmp.display()));
+    for dir in &config.firmware_dirs {
+        args.push("-L".into());
+        args.push(dir.display().to_string());
+    }
+    args.push("-kernel".into());
+    args.push(config.kernel.display().to_string());
+    args.push("-initrd".into());
+    args.push(initrd.display().to_string());
+    args.push("-append".into());
+    // loglevel=4 keeps routine kernel messages off the console (the guest
+    // dumps the whole log at the end).
+    args.push("console=ttyS0 loglevel=4 panic=-1".into());
+    // Native PCIe hotplug (pciehp) rather than q35's ACPI hotplug, so that
+    // _OSC hands hotplug to the kernel like on a real server's root ports.
+    args.push("-global".into());
+    args.push("ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off".into());
+    for (endpoint, region) in &fabric.ivshmem {
+        let socket = servers.iter().find(|(id, _)| id == region).map(|(_, s)| s.socket_path().to_path_buf());
+        if let Some(socket) = socket {
+            args.push("-chardev".into());
+            args.push(format!("socket,id={},path={}", fabric::chardev_id(endpoint), socket.display()));
+        }
+    }
+    for device in &fabric.devices {
+        args.push("-device".into());
+        args.push(device.clone());
+    }
+    args
+}
+
+fn supervise(
+    config: &RunConfig,
+    topology: &Topology,
+    mut qemu: KillOnDrop<'_>,
+    control_listener: UnixListener,
+    qmp_listener: UnixListener,
+    host_qmp: &Path,
+) -> Result<RunOutcome, RunError> {
+    let stdout = qemu.0.stdout.take().expect("stdout is piped");
+    let stderr = qemu.0.stderr.take().expect("stderr is piped");
+    let stderr_reader = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text);
+        text
+    });
+    let (console_tx, console_rx) = mpsc::channel::<String>();
+    let echo = config.echo_console;
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if echo {
+                println!("{line}");
+            }
+            if console_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    let qemu_failed = |qemu: &mut KillOnDrop<'_>, stderr_reader: thread::JoinHandle<String>, tail: String| {
+        let status = qemu.0.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        RunError::QemuExited { status, stderr: stderr_reader.join().unwrap_or_default(), tail }
+    };
+    let qmp_stream = match accept(&qmp_listener, &mut qemu) {
+        Some(stream) => stream,
+        None => {
+            return Err(RunError::NoConnection {
+                what: "QMP",
+                stderr: stop_and_collect(&mut qemu, stderr_reader),
+            })
+        }
+    };
+    let mut qmp = match Qmp::handshake(qmp_stream) {
+        Ok(qmp) => qmp,
+        // QEMU usually drops QMP because it refused its arguments: show why.
+        Err(err) => return Err(qemu_failed(&mut qemu, stderr_reader, format!("({err})"))),
+    };
+    let control = match accept(&control_listener, &mut qemu) {
+        Some(stream) => stream,
+        None => {
+            return Err(RunError::NoConnection {
+                what: "host control (ttyS1)",
+                stderr: stop_and_collect(&mut qemu, stderr_reader),
+            })
+        }
+    };
+    let control_thread = thread::spawn(move || serve_control(control, &mut qmp));
+
+    let mut host_script = match &config.host_script {
+        Some(path) => Some((
+            path.clone(),
+            Command::new("sh")
+                .arg(path)
+                .env("PCIEIPC_TESTBED_QMP", host_qmp)
+                .spawn()
+                .map_err(|source| RunError::Io { path: path.clone(), source })?,
+        )),
+        None => None,
+    };
+
+    let limit = config
+        .timeout
+        .or(topology.vm.timeout_s.map(Duration::from_secs))
+        .unwrap_or(DEFAULT_TIMEOUT);
+    let deadline = Instant::now() + limit;
+    let mut console = Vec::new();
+    let mut guest_exit = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match console_rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(code) = line.split(MARK_EXIT).nth(1) {
+                    guest_exit = code.trim().parse::<i32>().ok();
+                }
+                console.push(line);
+                if guest_exit.is_some() {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = qemu.0.kill();
+                return Err(RunError::Timeout { limit, tail: tail(&console) });
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(qemu_failed(&mut qemu, stderr_reader, tail(&console)));
+            }
+        }
+    }
+    // The guest powers off right after its exit marker.
+    if wait_with_timeout(&mut qemu.0, Duration::from_secs(10)).is_none() {
+        let _ = qemu.0.kill();
+    }
+    let _ = control_thread.join();
+    if let Some((path, mut child)) = host_script.take() {
+        let status = match wait_with_timeout(&mut child, Duration::from_secs(10)) {
+            Some(status) => status,
+            None => {
+                let _ = child.kill();
+                child.wait().map_err(|source| RunError::Io { path: path.clone(), source })?
+            }
+        };
+        if !status.success() {
+            return Err(RunError::HostScript { path, status: status.to_string() });
+        }
+    }
+    let started = console.iter().any(|l| l.contains(MARK_START));
+    let kernel_log_failures = kernel_log_failures(&console);
+    Ok(RunOutcome {
+        guest_exit: guest_exit.filter(|_| started).unwrap_or(-1),
+        console,
+        kernel_log_failures,
+    })
+}
+
+/// Lines of the guest's dmesg dump that show a kernel problem.
+fn kernel_log_failures(console: &[String]) -> Vec<String> {
+    let begin = console.iter().position(|l| l.contains(MARK_DMESG_BEGIN));
+    let end = console.iter().position(|l| l.contains(MARK_DMESG_END));
+    let log = match (begin, end) {
+        (Some(b), Some(e)) if b < e => &console[b + 1..e],
+        // No dump: judge the whole console, which carries the kernel's
+        // warnings too (loglevel=4).
+        _ => console,
+    };
+    log.iter()
+        .filter(|line| KERNEL_LOG_FAILURES.iter().any(|p| line.contains(p)))
+        .cloned()
+        .collect()
+}
+
+/// Answers the guest's requests on ttyS1, one line each way, until the
+/// guest side closes.
+fn serve_control(stream: UnixStream, qmp: &mut Qmp) {
+    let Ok(mut writer) = stream.try_clone() else { return };
+    let reader = BufReader::new(stream);
+    for line in reader.split(b'\n').map_while(Result::ok) {
+        let request = String::from_utf8_lossy(&line).trim().to_string();
+        if request.is_empty() {
+            continue;
+        }
+        let reply = match handle_request(&request, qmp) {
+            Ok(text) => format!("ok {}", text.replace(['\r', '\n'], " ").trim()),
+            Err(text) => format!("err {}", text.replace(['\r', '\n'], " ")),
+        };
+        if writer.write_all(format!("{reply}\n").as_bytes()).is_err() {
+            break;
+        }
+    }
+}
+
+fn handle_request(request: &str, qmp: &mut Qmp) -> Result<String, String> {
+    let (verb, rest) = request.split_once(' ').unwrap_or((request, ""));
+    match verb {
+        "hmp" => qmp.hmp(rest).map_err(|e| e.to_string()),
+        "unplug" => {
+            qmp.execute("device_del", json!({ "id": rest })).map_err(|e| e.to_string())?;
+            qmp.wait_event("DEVICE_DELETED", Some(rest), UNPLUG_TIMEOUT)
+                .map(|_| format!("{rest} removed"))
+                .map_err(|e| e.to_string())
+        }
+        _ => Err(format!("unknown request {verb:?}: use `hmp COMMAND` or `unplug DEVICE-ID`")),
+    }
+}
+
+fn bind(path: &Path) -> Result<UnixListener, RunError> {
+    UnixListener::bind(path).map_err(|source| RunError::Io { path: path.to_path_buf(), source })
+}
+
+/// Accepts QEMU's connection, giving up when QEMU exits or time runs out.
+fn accept(listener: &UnixListener, qemu: &mut KillOnDrop<'_>) -> Option<UnixStream> {
+    listener.set_nonblocking(true).ok()?;
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    while Instant::now() < deadline {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false).ok()?;
+                return Some(stream);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if matches!(qemu.0.try_wait(), Ok(Some(_))) {
+                    return None;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+fn stop_and_collect(qemu: &mut KillOnDrop<'_>, stderr_reader: thread::JoinHandle<String>) -> String {
+    let _ = qemu.0.kill();
+    let _ = qemu.0.wait();
+    stderr_reader.join().unwrap_or_default()
+}
+
+fn wait_with_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn tail(console: &[String]) -> String {
+    console[console.len().saturating_sub(40)..].join("\n")
+}
+
+/// Kills QEMU whatever way the run ends, so no VM outlives its run.
+struct KillOnDrop<'a>(&'a mut Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// A private directory for the run's sockets and initramfs, removed at the end.
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create() -> Result<Self, RunError> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "pcieipc-testbed-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).map_err(|source| RunError::Io { path: path.clone(), source })?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_log_is_judged_inside_the_dump() {
+        let console: Vec<String> = [
+            "WARNING: printed by the guest script, not the kernel",
+            MARK_DMESG_BEGIN,
+            "[    0.1] pcieipc 0.1.0 loaded",
+            "[    0.2] WARNING: CPU: 0 PID: 1 at kmod/chardev.rs:10",
+            "[    0.3] Call Trace:",
+            MARK_DMESG_END,
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            kernel_log_failures(&console),
+            ["[    0.2] WARNING: CPU: 0 PID: 1 at kmod/chardev.rs:10", "[    0.3] Call Trace:"]
+        );
+        assert!(kernel_log_failures(&console[2..3]).is_empty());
+    }
+}
