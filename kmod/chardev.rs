@@ -3,29 +3,95 @@
 //! `/dev/pcieipc`: one `PcieIpcFile` per open file; ioctl dispatch.
 
 use kernel::{
-    fs::File,
+    fs::{file::flags::O_NONBLOCK, File, Kiocb},
+    iov::IovIterDest,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
+    new_mutex,
     prelude::*,
+    sync::{Arc, Mutex},
+    transmute::AsBytes,
 };
 
-use crate::uapi::{self, ArgszArg};
+use crate::{
+    events::EventLog,
+    fault::{self, FaultState},
+    poll,
+    uapi::{self, ArgszArg},
+};
 
 /// Per-open-file state.
-pub(crate) struct PcieIpcFile;
+#[pin_data]
+pub(crate) struct PcieIpcFile {
+    fault: Arc<FaultState>,
+    /// Sequence number of the next event this file reads.
+    #[pin]
+    event_cursor: Mutex<u64>,
+}
+
+impl PcieIpcFile {
+    pub(crate) fn events(&self) -> &EventLog {
+        &self.fault.events
+    }
+
+    pub(crate) fn has_events(&self) -> bool {
+        let cursor = *self.event_cursor.lock();
+        self.fault.events.readable_at(cursor)
+    }
+}
 
 #[vtable]
 impl MiscDevice for PcieIpcFile {
-    type Ptr = KBox<Self>;
+    type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
-        KBox::new(PcieIpcFile, GFP_KERNEL).map_err(Into::into)
+    fn open(file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        let fault = fault::state()?;
+        let cursor = fault.events.first_cursor();
+        let me = KBox::pin_init(
+            try_pin_init!(PcieIpcFile {
+                fault,
+                event_cursor <- new_mutex!(cursor),
+            }),
+            GFP_KERNEL,
+        )?;
+        poll::install(file);
+        Ok(me)
     }
 
-    fn ioctl(_me: &PcieIpcFile, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    fn ioctl(me: Pin<&PcieIpcFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
             uapi::PCIEIPC_IOC_VERSION => version(arg),
+            uapi::PCIEIPC_IOC_LINK_STATUS => fault::link_status(arg),
+            uapi::PCIEIPC_IOC_LINK_RETRAIN => fault::link_retrain(&me.fault, arg),
+            uapi::PCIEIPC_IOC_WATCH => fault::watch(&me.fault, arg),
             _ => Err(ENOTTY),
         }
+    }
+
+    /// Whole `pcieipc_event` records; see the header.
+    fn read_iter(kiocb: Kiocb<'_, Self::Ptr>, iov: &mut IovIterDest<'_>) -> Result<usize> {
+        let record = size_of::<uapi::pcieipc_event>();
+        let max = iov.len() / record;
+        if max == 0 {
+            return Err(EINVAL);
+        }
+        // SAFETY: the kiocb of a read on an open file points to that file.
+        let nonblocking = unsafe { (*(*kiocb.as_raw()).ki_filp).f_flags } & O_NONBLOCK != 0;
+        let me = kiocb.file();
+        let mut cursor = me.event_cursor.lock();
+        let events = me.fault.events.take(&mut cursor, max, nonblocking)?;
+        let mut copied = 0;
+        for event in events.iter() {
+            if iov.copy_to_iter(event.as_bytes()) != record {
+                // Records already copied stay read; the rest is lost to
+                // this reader only if nothing was copied at all.
+                break;
+            }
+            copied += record;
+        }
+        if copied == 0 {
+            return Err(EFAULT);
+        }
+        Ok(copied)
     }
 }
 

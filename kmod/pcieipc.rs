@@ -10,7 +10,13 @@ use kernel::{
 };
 
 mod chardev;
+mod events;
+mod fault;
+mod link;
+mod pci_function;
+mod poll;
 mod uapi;
+mod watch;
 
 module! {
     type: PcieIpcModule,
@@ -24,7 +30,7 @@ module! {
 /// packages carry the same version (checked by the testbed's guest test).
 pub(crate) const MODULE_VERSION: &CStr = c"0.1.0";
 
-#[pin_data]
+#[pin_data(PinnedDrop)]
 struct PcieIpcModule {
     #[pin]
     _chardev: MiscDeviceRegistration<chardev::PcieIpcFile>,
@@ -37,6 +43,16 @@ impl kernel::InPlaceModule for PcieIpcModule {
             _chardev <- MiscDeviceRegistration::register(MiscDeviceOptions {
                 name: c"pcieipc",
             }),
+            _: {
+                fault::init()?;
+            }
         })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for PcieIpcModule {
+    fn drop(self: Pin<&mut Self>) {
+        fault::exit();
     }
 }

@@ -20,12 +20,28 @@ use kernel::{
 
 include!("../userspace/uapi/src/generated.rs");
 
-// SAFETY: `pcieipc_version` is `repr(C)`, has no padding (checked by the
-// layout assertions in the generated file: 48 bytes of u32/u16/c_char fields
-// that add up to 48) and every bit pattern of its integer fields is valid.
-unsafe impl FromBytes for pcieipc_version {}
-// SAFETY: as above: no padding, so every byte is initialised.
-unsafe impl AsBytes for pcieipc_version {}
+/// Marks ABI structs as plain bytes for user copies.
+macro_rules! plain_abi_struct {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: the struct is `repr(C)`, made of integer fields (and arrays
+        // and structs of them) whose sizes add up to the struct's size, so it
+        // has no padding (the generated layout assertions pin every offset),
+        // and every bit pattern is a valid value.
+        unsafe impl FromBytes for $t {}
+        // SAFETY: as above: no padding, so every byte is initialised.
+        unsafe impl AsBytes for $t {}
+    )*};
+}
+
+plain_abi_struct!(
+    pcieipc_version,
+    pcieipc_link_regs,
+    pcieipc_link_status,
+    pcieipc_link_retrain,
+    pcieipc_watch,
+    pcieipc_aer_regs,
+    pcieipc_event,
+);
 
 /// An ioctl argument of an argsz-versioned struct (see the header's
 /// conventions): `argsz` must cover at least `min_size` bytes; only the first

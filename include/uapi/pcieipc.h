@@ -60,4 +60,172 @@ struct pcieipc_version {
 
 #define PCIEIPC_IOC_VERSION _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_VERSION)
 
+/* ---- Fault path: link status and control, watches, events ---- */
+
+/* Command numbers of the fault path. */
+enum pcieipc_fault_cmd {
+	PCIEIPC_CMD_LINK_STATUS = 0x20,
+	PCIEIPC_CMD_LINK_RETRAIN = 0x21,
+	PCIEIPC_CMD_WATCH = 0x22,
+};
+
+/*
+ * A PCI function: PCIEIPC_BDF(domain, bus, devfn) as lspci prints
+ * dddd:bb:dd.f, with devfn = device << 3 | function.
+ */
+#define PCIEIPC_BDF(domain, bus, devfn) \
+	((((__u32)(domain)) << 16) | (((__u32)(bus)) << 8) | ((__u32)(devfn)))
+/* "No such function", e.g. no upstream port. */
+#define PCIEIPC_BDF_NONE 0xffffffffU
+
+/* The link registers of one end of a link (PCI Express capability). */
+struct pcieipc_link_regs {
+	__u32 lnkcap;   /* Link Capabilities */
+	__u16 lnkctl;   /* Link Control */
+	__u16 lnksta;   /* Link Status */
+	__u16 lnkctl2;  /* Link Control 2 (target link speed) */
+	__u16 present;  /* 1 if the function has a PCI Express capability */
+};
+
+/* pcieipc_link_status.state bits. */
+#define PCIEIPC_LINK_DEGRADED (1U << 0)      /* below capability or target */
+#define PCIEIPC_LINK_TRAINING (1U << 1)      /* LnkSta.LT set */
+#define PCIEIPC_LINK_DLL_ACTIVE (1U << 2)    /* LnkSta.DLLLA set (if reported) */
+
+/*
+ * PCIEIPC_IOC_LINK_STATUS: the link above any PCI function, owned by this
+ * module or not. The link is read at both ends: the function itself (if it
+ * is PCI Express) and its upstream port (the downstream-facing end).
+ * Speeds are generations (1 = 2.5 GT/s ... 6 = 64 GT/s), 0 = unknown.
+ * In: argsz, flags (0), bdf. Out: the rest.
+ */
+struct pcieipc_link_status {
+	__u32 argsz;
+	__u32 flags;
+	__u32 bdf;
+	__u32 upstream_bdf;        /* PCIEIPC_BDF_NONE: on a root bus */
+	struct pcieipc_link_regs device;
+	struct pcieipc_link_regs port;  /* the upstream port's registers */
+	__u8 cur_speed;            /* from the port's LnkSta */
+	__u8 cur_width;
+	__u8 max_speed;            /* lower of both ends' LnkCap */
+	__u8 max_width;
+	__u8 target_speed;         /* the port's LnkCtl2 target */
+	__u8 reserved[3];
+	__u32 state;               /* PCIEIPC_LINK_* */
+};
+
+/*
+ * PCIEIPC_IOC_LINK_RETRAIN (CAP_SYS_ADMIN): retrains the link above `bdf`
+ * from its upstream port: optionally sets the target speed (LnkCtl2), sets
+ * Retrain Link, waits up to timeout_ms (0: 1000, as the kernel does) for
+ * Link Training to clear. Emits a PCIEIPC_EVENT_LINK_RETRAIN event.
+ * Errors: ENODEV (no such function), EOPNOTSUPP (no upstream
+ * PCI Express port), ETIMEDOUT (training did not end; `after` is filled),
+ * EPERM, EINVAL (flags, target_speed above the port's capability).
+ */
+struct pcieipc_link_retrain {
+	__u32 argsz;
+	__u32 flags;
+	__u32 bdf;
+	__u32 timeout_ms;
+	__u8 target_speed;         /* 0: keep the current target */
+	__u8 reserved[3];
+	__u32 elapsed_us;          /* out: time until training ended */
+	struct pcieipc_link_status before;  /* out */
+	struct pcieipc_link_status after;   /* out */
+};
+
+/* pcieipc_watch.flags */
+#define PCIEIPC_WATCH_ADD (1U << 0)
+#define PCIEIPC_WATCH_REMOVE (1U << 1)
+
+/*
+ * PCIEIPC_IOC_WATCH (CAP_SYS_ADMIN): watches a PCI function by BDF: every
+ * period_ms (10..60000) the link status of its upstream port and a config
+ * space heartbeat (vendor/device id) are read; a change emits
+ * PCIEIPC_EVENT_LINK_CHANGE, reads of all ones emit PCIEIPC_EVENT_DEVICE_GONE
+ * (once; the watch ends). Exactly one of ADD or REMOVE in flags.
+ * Errors: ENODEV, EEXIST (already watched), ENOENT (not watched), EINVAL, ENOSPC.
+ */
+struct pcieipc_watch {
+	__u32 argsz;
+	__u32 flags;
+	__u32 bdf;
+	__u32 period_ms;
+};
+
+#define PCIEIPC_IOC_LINK_STATUS _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_LINK_STATUS)
+#define PCIEIPC_IOC_LINK_RETRAIN _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_LINK_RETRAIN)
+#define PCIEIPC_IOC_WATCH _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_WATCH)
+
+/* ---- Events: read() on /dev/pcieipc returns whole struct pcieipc_event ---- */
+
+/*
+ * The module keeps the newest PCIEIPC_EVENT_RING_CAPACITY events. Each open
+ * file has its own cursor, starting at the oldest event kept. read() takes a
+ * buffer of one or more whole records (EINVAL otherwise) and blocks until an
+ * event is there (EAGAIN with O_NONBLOCK); poll() reports POLLIN then.
+ */
+#define PCIEIPC_EVENT_RING_CAPACITY 256
+
+enum pcieipc_event_kind {
+	/* The reader fell behind: `lost` events were dropped before the next one. */
+	PCIEIPC_EVENT_OVERFLOW = 1,
+	/* An AER callback ran; `aer_step` says which, `aer` holds the registers. */
+	PCIEIPC_EVENT_AER = 2,
+	/* Speed, width or Data Link Layer Link Active changed (watch). */
+	PCIEIPC_EVENT_LINK_CHANGE = 3,
+	/* Config reads return all ones (watch) or the function was removed. */
+	PCIEIPC_EVENT_DEVICE_GONE = 4,
+	/* PCIEIPC_IOC_LINK_RETRAIN ran. */
+	PCIEIPC_EVENT_LINK_RETRAIN = 5,
+	/* A function reset ran. */
+	PCIEIPC_EVENT_RESET = 6,
+};
+
+/* pcieipc_event.aer_step: which AER callback, i.e. where recovery stands. */
+enum pcieipc_aer_step {
+	PCIEIPC_AER_NONE = 0,
+	PCIEIPC_AER_COR_ERROR_DETECTED = 1,
+	PCIEIPC_AER_ERROR_DETECTED = 2,
+	PCIEIPC_AER_MMIO_ENABLED = 3,
+	PCIEIPC_AER_SLOT_RESET = 4,
+	PCIEIPC_AER_RESUME = 5,
+};
+
+/* The AER extended capability's registers at the time of the event. */
+struct pcieipc_aer_regs {
+	__u32 uncor_status;
+	__u32 uncor_mask;
+	__u32 uncor_severity;
+	__u32 cor_status;
+	__u32 cor_mask;
+	__u32 cap_control;
+	__u32 header_log[4];
+	__u32 present;   /* 1 if the function has an AER capability */
+	__u32 source_bdf; /* the function the registers were read from */
+};
+
+/*
+ * One event. `seq` counts every event the module emitted since it was
+ * loaded; a reader sees them in order, and never a silent gap: when its
+ * cursor fell out of the ring it first reads a PCIEIPC_EVENT_OVERFLOW with
+ * the exact number lost.
+ */
+struct pcieipc_event {
+	__u64 seq;
+	__u64 timestamp_ns;     /* CLOCK_MONOTONIC */
+	__u32 kind;             /* enum pcieipc_event_kind */
+	__u32 bdf;
+	__u64 lost;             /* OVERFLOW: events dropped */
+	__u32 aer_step;         /* AER: enum pcieipc_aer_step */
+	__u32 channel_state;    /* AER: pci_channel_state (1 normal, 2 frozen, 3 permanent failure) */
+	__u32 result;           /* AER: the pci_ers_result the driver returned; RETRAIN/RESET: errno (0 ok) */
+	__u32 reserved;
+	struct pcieipc_aer_regs aer;
+	struct pcieipc_link_status link_before;  /* LINK_*: the link before */
+	struct pcieipc_link_status link_after;   /* LINK_*: and after */
+};
+
 #endif /* _UAPI_PCIEIPC_H */

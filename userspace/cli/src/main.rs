@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 
 mod cmd_bench;
 mod cmd_device;
+mod cmd_link;
+mod cmd_monitor;
 mod cmd_probe;
 
 #[derive(Parser)]
@@ -24,6 +26,10 @@ enum Command {
     Bench(cmd_bench::Args),
     /// Talk to the pcieipc kernel module through /dev/pcieipc.
     Device(cmd_device::Args),
+    /// Link status, retraining and watching of any PCI function (needs the module).
+    Link(cmd_link::Args),
+    /// Stream AER, link and device events from the module until interrupted.
+    Monitor(cmd_monitor::Args),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +38,8 @@ fn main() -> ExitCode {
         Command::Probe(args) => cmd_probe::run(args),
         Command::Bench(args) => cmd_bench::run(args),
         Command::Device(args) => cmd_device::run(args),
+        Command::Link(args) => cmd_link::run(args),
+        Command::Monitor(args) => cmd_monitor::run(args),
     };
     match result {
         Ok(code) => code,

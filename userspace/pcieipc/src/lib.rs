@@ -4,5 +4,6 @@
 
 pub mod device;
 pub mod engine;
+pub mod events;
 pub mod plan;
 pub mod probe;

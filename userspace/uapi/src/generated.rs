@@ -8,8 +8,20 @@ pub const PCIEIPC_ABI_MINOR: u32 = 1;
 pub const PCIEIPC_IOC_MAGIC: u32 = 215;
 pub const PCIEIPC_VERSION_STRING_LEN: u32 = 32;
 pub const PCIEIPC_IOC_VERSION: u32 = 55040;
+pub const PCIEIPC_BDF_NONE: u32 = 4294967295;
+pub const PCIEIPC_LINK_DEGRADED: u32 = 1;
+pub const PCIEIPC_LINK_TRAINING: u32 = 2;
+pub const PCIEIPC_LINK_DLL_ACTIVE: u32 = 4;
+pub const PCIEIPC_WATCH_ADD: u32 = 1;
+pub const PCIEIPC_WATCH_REMOVE: u32 = 2;
+pub const PCIEIPC_IOC_LINK_STATUS: u32 = 55072;
+pub const PCIEIPC_IOC_LINK_RETRAIN: u32 = 55073;
+pub const PCIEIPC_IOC_WATCH: u32 = 55074;
+pub const PCIEIPC_EVENT_RING_CAPACITY: u32 = 256;
+pub type __u8 = ::core::ffi::c_uchar;
 pub type __u16 = ::core::ffi::c_ushort;
 pub type __u32 = ::core::ffi::c_uint;
+pub type __u64 = ::core::ffi::c_ulonglong;
 pub const PCIEIPC_CMD_VERSION: pcieipc_cmd = 0;
 pub type pcieipc_cmd = ::core::ffi::c_uint;
 #[repr(C)]
@@ -38,4 +50,228 @@ const _: () = {
         [::core::mem::offset_of!(pcieipc_version, bound_devices) - 12usize];
     ["Offset of field: pcieipc_version::module_version"]
         [::core::mem::offset_of!(pcieipc_version, module_version) - 16usize];
+};
+pub const PCIEIPC_CMD_LINK_STATUS: pcieipc_fault_cmd = 32;
+pub const PCIEIPC_CMD_LINK_RETRAIN: pcieipc_fault_cmd = 33;
+pub const PCIEIPC_CMD_WATCH: pcieipc_fault_cmd = 34;
+pub type pcieipc_fault_cmd = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_link_regs {
+    pub lnkcap: __u32,
+    pub lnkctl: __u16,
+    pub lnksta: __u16,
+    pub lnkctl2: __u16,
+    pub present: __u16,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_link_regs"][::core::mem::size_of::<pcieipc_link_regs>() - 12usize];
+    ["Alignment of pcieipc_link_regs"][::core::mem::align_of::<pcieipc_link_regs>() - 4usize];
+    ["Offset of field: pcieipc_link_regs::lnkcap"]
+        [::core::mem::offset_of!(pcieipc_link_regs, lnkcap) - 0usize];
+    ["Offset of field: pcieipc_link_regs::lnkctl"]
+        [::core::mem::offset_of!(pcieipc_link_regs, lnkctl) - 4usize];
+    ["Offset of field: pcieipc_link_regs::lnksta"]
+        [::core::mem::offset_of!(pcieipc_link_regs, lnksta) - 6usize];
+    ["Offset of field: pcieipc_link_regs::lnkctl2"]
+        [::core::mem::offset_of!(pcieipc_link_regs, lnkctl2) - 8usize];
+    ["Offset of field: pcieipc_link_regs::present"]
+        [::core::mem::offset_of!(pcieipc_link_regs, present) - 10usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_link_status {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub bdf: __u32,
+    pub upstream_bdf: __u32,
+    pub device: pcieipc_link_regs,
+    pub port: pcieipc_link_regs,
+    pub cur_speed: __u8,
+    pub cur_width: __u8,
+    pub max_speed: __u8,
+    pub max_width: __u8,
+    pub target_speed: __u8,
+    pub reserved: [__u8; 3usize],
+    pub state: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_link_status"][::core::mem::size_of::<pcieipc_link_status>() - 52usize];
+    ["Alignment of pcieipc_link_status"][::core::mem::align_of::<pcieipc_link_status>() - 4usize];
+    ["Offset of field: pcieipc_link_status::argsz"]
+        [::core::mem::offset_of!(pcieipc_link_status, argsz) - 0usize];
+    ["Offset of field: pcieipc_link_status::flags"]
+        [::core::mem::offset_of!(pcieipc_link_status, flags) - 4usize];
+    ["Offset of field: pcieipc_link_status::bdf"]
+        [::core::mem::offset_of!(pcieipc_link_status, bdf) - 8usize];
+    ["Offset of field: pcieipc_link_status::upstream_bdf"]
+        [::core::mem::offset_of!(pcieipc_link_status, upstream_bdf) - 12usize];
+    ["Offset of field: pcieipc_link_status::device"]
+        [::core::mem::offset_of!(pcieipc_link_status, device) - 16usize];
+    ["Offset of field: pcieipc_link_status::port"]
+        [::core::mem::offset_of!(pcieipc_link_status, port) - 28usize];
+    ["Offset of field: pcieipc_link_status::cur_speed"]
+        [::core::mem::offset_of!(pcieipc_link_status, cur_speed) - 40usize];
+    ["Offset of field: pcieipc_link_status::cur_width"]
+        [::core::mem::offset_of!(pcieipc_link_status, cur_width) - 41usize];
+    ["Offset of field: pcieipc_link_status::max_speed"]
+        [::core::mem::offset_of!(pcieipc_link_status, max_speed) - 42usize];
+    ["Offset of field: pcieipc_link_status::max_width"]
+        [::core::mem::offset_of!(pcieipc_link_status, max_width) - 43usize];
+    ["Offset of field: pcieipc_link_status::target_speed"]
+        [::core::mem::offset_of!(pcieipc_link_status, target_speed) - 44usize];
+    ["Offset of field: pcieipc_link_status::reserved"]
+        [::core::mem::offset_of!(pcieipc_link_status, reserved) - 45usize];
+    ["Offset of field: pcieipc_link_status::state"]
+        [::core::mem::offset_of!(pcieipc_link_status, state) - 48usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_link_retrain {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub bdf: __u32,
+    pub timeout_ms: __u32,
+    pub target_speed: __u8,
+    pub reserved: [__u8; 3usize],
+    pub elapsed_us: __u32,
+    pub before: pcieipc_link_status,
+    pub after: pcieipc_link_status,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_link_retrain"][::core::mem::size_of::<pcieipc_link_retrain>() - 128usize];
+    ["Alignment of pcieipc_link_retrain"][::core::mem::align_of::<pcieipc_link_retrain>() - 4usize];
+    ["Offset of field: pcieipc_link_retrain::argsz"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, argsz) - 0usize];
+    ["Offset of field: pcieipc_link_retrain::flags"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, flags) - 4usize];
+    ["Offset of field: pcieipc_link_retrain::bdf"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, bdf) - 8usize];
+    ["Offset of field: pcieipc_link_retrain::timeout_ms"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, timeout_ms) - 12usize];
+    ["Offset of field: pcieipc_link_retrain::target_speed"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, target_speed) - 16usize];
+    ["Offset of field: pcieipc_link_retrain::reserved"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, reserved) - 17usize];
+    ["Offset of field: pcieipc_link_retrain::elapsed_us"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, elapsed_us) - 20usize];
+    ["Offset of field: pcieipc_link_retrain::before"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, before) - 24usize];
+    ["Offset of field: pcieipc_link_retrain::after"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, after) - 76usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_watch {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub bdf: __u32,
+    pub period_ms: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_watch"][::core::mem::size_of::<pcieipc_watch>() - 16usize];
+    ["Alignment of pcieipc_watch"][::core::mem::align_of::<pcieipc_watch>() - 4usize];
+    ["Offset of field: pcieipc_watch::argsz"]
+        [::core::mem::offset_of!(pcieipc_watch, argsz) - 0usize];
+    ["Offset of field: pcieipc_watch::flags"]
+        [::core::mem::offset_of!(pcieipc_watch, flags) - 4usize];
+    ["Offset of field: pcieipc_watch::bdf"][::core::mem::offset_of!(pcieipc_watch, bdf) - 8usize];
+    ["Offset of field: pcieipc_watch::period_ms"]
+        [::core::mem::offset_of!(pcieipc_watch, period_ms) - 12usize];
+};
+pub const PCIEIPC_EVENT_OVERFLOW: pcieipc_event_kind = 1;
+pub const PCIEIPC_EVENT_AER: pcieipc_event_kind = 2;
+pub const PCIEIPC_EVENT_LINK_CHANGE: pcieipc_event_kind = 3;
+pub const PCIEIPC_EVENT_DEVICE_GONE: pcieipc_event_kind = 4;
+pub const PCIEIPC_EVENT_LINK_RETRAIN: pcieipc_event_kind = 5;
+pub const PCIEIPC_EVENT_RESET: pcieipc_event_kind = 6;
+pub type pcieipc_event_kind = ::core::ffi::c_uint;
+pub const PCIEIPC_AER_NONE: pcieipc_aer_step = 0;
+pub const PCIEIPC_AER_COR_ERROR_DETECTED: pcieipc_aer_step = 1;
+pub const PCIEIPC_AER_ERROR_DETECTED: pcieipc_aer_step = 2;
+pub const PCIEIPC_AER_MMIO_ENABLED: pcieipc_aer_step = 3;
+pub const PCIEIPC_AER_SLOT_RESET: pcieipc_aer_step = 4;
+pub const PCIEIPC_AER_RESUME: pcieipc_aer_step = 5;
+pub type pcieipc_aer_step = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_aer_regs {
+    pub uncor_status: __u32,
+    pub uncor_mask: __u32,
+    pub uncor_severity: __u32,
+    pub cor_status: __u32,
+    pub cor_mask: __u32,
+    pub cap_control: __u32,
+    pub header_log: [__u32; 4usize],
+    pub present: __u32,
+    pub source_bdf: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_aer_regs"][::core::mem::size_of::<pcieipc_aer_regs>() - 48usize];
+    ["Alignment of pcieipc_aer_regs"][::core::mem::align_of::<pcieipc_aer_regs>() - 4usize];
+    ["Offset of field: pcieipc_aer_regs::uncor_status"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, uncor_status) - 0usize];
+    ["Offset of field: pcieipc_aer_regs::uncor_mask"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, uncor_mask) - 4usize];
+    ["Offset of field: pcieipc_aer_regs::uncor_severity"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, uncor_severity) - 8usize];
+    ["Offset of field: pcieipc_aer_regs::cor_status"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, cor_status) - 12usize];
+    ["Offset of field: pcieipc_aer_regs::cor_mask"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, cor_mask) - 16usize];
+    ["Offset of field: pcieipc_aer_regs::cap_control"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, cap_control) - 20usize];
+    ["Offset of field: pcieipc_aer_regs::header_log"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, header_log) - 24usize];
+    ["Offset of field: pcieipc_aer_regs::present"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, present) - 40usize];
+    ["Offset of field: pcieipc_aer_regs::source_bdf"]
+        [::core::mem::offset_of!(pcieipc_aer_regs, source_bdf) - 44usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_event {
+    pub seq: __u64,
+    pub timestamp_ns: __u64,
+    pub kind: __u32,
+    pub bdf: __u32,
+    pub lost: __u64,
+    pub aer_step: __u32,
+    pub channel_state: __u32,
+    pub result: __u32,
+    pub reserved: __u32,
+    pub aer: pcieipc_aer_regs,
+    pub link_before: pcieipc_link_status,
+    pub link_after: pcieipc_link_status,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_event"][::core::mem::size_of::<pcieipc_event>() - 200usize];
+    ["Alignment of pcieipc_event"][::core::mem::align_of::<pcieipc_event>() - 8usize];
+    ["Offset of field: pcieipc_event::seq"][::core::mem::offset_of!(pcieipc_event, seq) - 0usize];
+    ["Offset of field: pcieipc_event::timestamp_ns"]
+        [::core::mem::offset_of!(pcieipc_event, timestamp_ns) - 8usize];
+    ["Offset of field: pcieipc_event::kind"]
+        [::core::mem::offset_of!(pcieipc_event, kind) - 16usize];
+    ["Offset of field: pcieipc_event::bdf"][::core::mem::offset_of!(pcieipc_event, bdf) - 20usize];
+    ["Offset of field: pcieipc_event::lost"]
+        [::core::mem::offset_of!(pcieipc_event, lost) - 24usize];
+    ["Offset of field: pcieipc_event::aer_step"]
+        [::core::mem::offset_of!(pcieipc_event, aer_step) - 32usize];
+    ["Offset of field: pcieipc_event::channel_state"]
+        [::core::mem::offset_of!(pcieipc_event, channel_state) - 36usize];
+    ["Offset of field: pcieipc_event::result"]
+        [::core::mem::offset_of!(pcieipc_event, result) - 40usize];
+    ["Offset of field: pcieipc_event::reserved"]
+        [::core::mem::offset_of!(pcieipc_event, reserved) - 44usize];
+    ["Offset of field: pcieipc_event::aer"][::core::mem::offset_of!(pcieipc_event, aer) - 48usize];
+    ["Offset of field: pcieipc_event::link_before"]
+        [::core::mem::offset_of!(pcieipc_event, link_before) - 96usize];
+    ["Offset of field: pcieipc_event::link_after"]
+        [::core::mem::offset_of!(pcieipc_event, link_after) - 148usize];
 };

@@ -26,4 +26,22 @@ pub mod ioctl {
         PCIEIPC_IOC_VERSION,
         pcieipc_version
     );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_LINK_STATUS`: the link above `bdf`.
+        link_status,
+        PCIEIPC_IOC_LINK_STATUS,
+        pcieipc_link_status
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_LINK_RETRAIN`: retrains the link above `bdf`.
+        link_retrain,
+        PCIEIPC_IOC_LINK_RETRAIN,
+        pcieipc_link_retrain
+    );
+    nix::ioctl_write_ptr_bad!(
+        /// `PCIEIPC_IOC_WATCH`: adds or removes a watch.
+        watch,
+        PCIEIPC_IOC_WATCH,
+        pcieipc_watch
+    );
 }

@@ -13,6 +13,9 @@ use std::{
 
 use pcieipc_uapi as uapi;
 
+mod fault;
+pub use fault::Retrain;
+
 /// Where the module's misc device appears.
 pub const DEFAULT_PATH: &str = "/dev/pcieipc";
 
@@ -29,6 +32,8 @@ pub enum DeviceError {
         ioctl: &'static str,
         errno: nix::errno::Errno,
     },
+    #[error("{path}: read {bytes} bytes, not a whole number of {record}-byte event records")]
+    ShortRecord { path: PathBuf, bytes: usize, record: usize },
     #[error(
         "{path}: the module speaks ABI {module_major}.{module_minor}, this program ABI {ours_major}.{ours_minor}: \
          load the module built from the same sources"
@@ -62,10 +67,18 @@ impl Device {
     /// Opens the device and checks that the module speaks this program's ABI
     /// major version (a newer minor version is compatible).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DeviceError> {
+        Self::open_with(path, false)
+    }
+
+    /// As `open`; `nonblocking` makes `read_events` return EAGAIN instead of
+    /// waiting.
+    pub fn open_with(path: impl AsRef<Path>, nonblocking: bool) -> Result<Self, DeviceError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = path.as_ref().to_path_buf();
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(if nonblocking { nix::libc::O_NONBLOCK } else { 0 })
             .open(&path)
             .map_err(|source| DeviceError::Open {
                 path: path.clone(),

@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The fault path's module-wide state (event log, watches) and its ioctls:
+//! LINK_STATUS, LINK_RETRAIN, WATCH.
+
+use kernel::{
+    bindings, new_mutex,
+    prelude::*,
+    sync::{Arc, Mutex},
+};
+
+use crate::{
+    events::EventLog,
+    link,
+    pci_function::PciFunction,
+    uapi::{self, ArgszArg},
+    watch::Watch,
+};
+
+/// At most this many functions are watched at once.
+const MAX_WATCHES: usize = 64;
+
+#[pin_data]
+pub(crate) struct FaultState {
+    pub(crate) events: Arc<EventLog>,
+    #[pin]
+    watches: Mutex<KVec<Arc<Watch>>>,
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: initialised in the module initialiser before /dev/pcieipc exists.
+    unsafe(uninit) static FAULT_STATE: Mutex<Option<Arc<FaultState>>> = None;
+}
+
+/// Creates the module-wide state; called once from the module initialiser.
+pub(crate) fn init() -> Result {
+    // SAFETY: called exactly once, from the module initialiser.
+    unsafe { FAULT_STATE.init() };
+    let state = Arc::pin_init(
+        try_pin_init!(FaultState {
+            events: Arc::pin_init(EventLog::new(), GFP_KERNEL)?,
+            watches <- new_mutex!(KVec::new()),
+        }),
+        GFP_KERNEL,
+    )?;
+    *FAULT_STATE.lock() = Some(state);
+    Ok(())
+}
+
+/// Stops every watch and drops the state; called from the module's exit.
+pub(crate) fn exit() {
+    let state = FAULT_STATE.lock().take();
+    if let Some(state) = state {
+        let watches = core::mem::take(&mut *state.watches.lock());
+        for watch in watches.iter() {
+            watch.stop();
+        }
+    }
+}
+
+/// The module-wide state (present from init to exit).
+pub(crate) fn state() -> Result<Arc<FaultState>> {
+    FAULT_STATE.lock().clone().ok_or(ENODEV)
+}
+
+fn require_admin() -> Result {
+    // SAFETY: `capable` checks the current task's credentials.
+    if unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) } {
+        Ok(())
+    } else {
+        Err(EPERM)
+    }
+}
+
+/// `PCIEIPC_IOC_LINK_STATUS`.
+pub(crate) fn link_status(arg: usize) -> Result<isize> {
+    let mut arg = ArgszArg::<uapi::pcieipc_link_status>::read(arg, size_of::<uapi::pcieipc_link_status>())?;
+    if arg.value.flags != 0 {
+        return Err(EINVAL);
+    }
+    let function = PciFunction::find(arg.value.bdf)?;
+    let mut status = link::status(&function);
+    status.argsz = arg.value.argsz;
+    arg.value = status;
+    arg.write_back()?;
+    Ok(0)
+}
+
+/// `PCIEIPC_IOC_LINK_RETRAIN`.
+pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
+    require_admin()?;
+    let mut arg = ArgszArg::<uapi::pcieipc_link_retrain>::read(arg, size_of::<uapi::pcieipc_link_retrain>())?;
+    if arg.value.flags != 0 || arg.value.reserved != [0; 3] || arg.value.target_speed > 6 {
+        return Err(EINVAL);
+    }
+    let function = PciFunction::find(arg.value.bdf)?;
+    let retrain = link::retrain(&function, arg.value.target_speed, arg.value.timeout_ms)?;
+    let errno = match retrain.outcome {
+        Ok(()) => 0,
+        Err(e) => e.to_errno(),
+    };
+    state.events.emit(uapi::pcieipc_event {
+        kind: uapi::PCIEIPC_EVENT_LINK_RETRAIN,
+        bdf: arg.value.bdf,
+        result: errno as u32,
+        link_before: retrain.before,
+        link_after: retrain.after,
+        ..Default::default()
+    });
+    arg.value.before = retrain.before;
+    arg.value.after = retrain.after;
+    arg.value.elapsed_us = retrain.elapsed_us;
+    arg.write_back()?;
+    retrain.outcome.map(|()| 0)
+}
+
+/// `PCIEIPC_IOC_WATCH`.
+pub(crate) fn watch(state: &FaultState, arg: usize) -> Result<isize> {
+    require_admin()?;
+    let arg = ArgszArg::<uapi::pcieipc_watch>::read(arg, size_of::<uapi::pcieipc_watch>())?;
+    let request = arg.value;
+    let mut watches = state.watches.lock();
+    let existing = watches.iter().position(|w| w.bdf == request.bdf);
+    match request.flags {
+        uapi::PCIEIPC_WATCH_ADD => {
+            if existing.is_some() {
+                return Err(EEXIST);
+            }
+            if watches.len() >= MAX_WATCHES {
+                return Err(ENOSPC);
+            }
+            let function = PciFunction::find(request.bdf)?;
+            let watch = Watch::start(function, request.period_ms, state.events.clone())?;
+            watches.push(watch, GFP_KERNEL)?;
+        }
+        uapi::PCIEIPC_WATCH_REMOVE => {
+            let index = existing.ok_or(ENOENT)?;
+            let watch = watches.remove(index)?;
+            drop(watches);
+            watch.stop();
+        }
+        _ => return Err(EINVAL),
+    }
+    Ok(0)
+}

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Link status and retraining of the link above any PCI function.
+
+use kernel::{
+    prelude::*,
+    time::{delay::fsleep, Delta, Instant, Monotonic},
+};
+
+use crate::{
+    pci_function::{regs, PciFunction},
+    uapi,
+};
+
+/// The kernel's own retrain waits up to 1 s for Link Training to clear.
+const DEFAULT_RETRAIN_TIMEOUT_MS: u32 = 1000;
+/// Largest retrain timeout a caller may ask for.
+const MAX_RETRAIN_TIMEOUT_MS: u32 = 10_000;
+
+/// The link registers of one function, if it is PCI Express.
+fn link_regs(function: &PciFunction) -> uapi::pcieipc_link_regs {
+    if !function.is_pcie() {
+        return uapi::pcieipc_link_regs::default();
+    }
+    uapi::pcieipc_link_regs {
+        lnkcap: function.pcie_read32(regs::PCI_EXP_LNKCAP).unwrap_or(0),
+        lnkctl: function.pcie_read16(regs::PCI_EXP_LNKCTL).unwrap_or(0),
+        lnksta: function.pcie_read16(regs::PCI_EXP_LNKSTA).unwrap_or(0),
+        lnkctl2: function.pcie_read16(regs::PCI_EXP_LNKCTL2).unwrap_or(0),
+        present: 1,
+    }
+}
+
+/// Link speed generation of a LnkCap/LnkSta/LnkCtl2 speed field (1 = 2.5 GT/s).
+fn generation(field: u32) -> u8 {
+    (field & 0xf) as u8
+}
+
+fn width(field: u32) -> u8 {
+    (field & 0x3f) as u8
+}
+
+/// The status of the link above `function`: its own registers and its
+/// upstream port's, decoded from the port's side (the downstream-facing end
+/// is where LnkSta and Retrain Link live).
+pub(crate) fn status(function: &PciFunction) -> uapi::pcieipc_link_status {
+    let port = function.upstream_bridge().filter(PciFunction::is_pcie);
+    let device = link_regs(function);
+    let port_regs = port.as_ref().map(link_regs).unwrap_or_default();
+    let mut status = uapi::pcieipc_link_status {
+        argsz: size_of::<uapi::pcieipc_link_status>() as u32,
+        bdf: function.bdf(),
+        upstream_bdf: port.as_ref().map_or(uapi::PCIEIPC_BDF_NONE, PciFunction::bdf),
+        device,
+        port: port_regs,
+        ..Default::default()
+    };
+    // The end whose LnkSta describes the link: the port if there is one,
+    // else the function itself (a root port reports its own link below).
+    let (near, far) = if port_regs.present != 0 { (port_regs, device) } else { (device, port_regs) };
+    if near.present == 0 {
+        return status;
+    }
+    status.cur_speed = generation(near.lnksta as u32);
+    status.cur_width = width((near.lnksta >> 4) as u32);
+    let mut max_speed = generation(near.lnkcap);
+    let mut max_width = width(near.lnkcap >> 4);
+    if far.present != 0 {
+        max_speed = max_speed.min(generation(far.lnkcap));
+        max_width = max_width.min(width(far.lnkcap >> 4));
+    }
+    status.max_speed = max_speed;
+    status.max_width = max_width;
+    status.target_speed = generation(near.lnkctl2 as u32);
+    let target = if status.target_speed != 0 { status.target_speed.min(max_speed) } else { max_speed };
+    if status.cur_speed < target || status.cur_width < max_width {
+        status.state |= uapi::PCIEIPC_LINK_DEGRADED;
+    }
+    if near.lnksta & regs::PCI_EXP_LNKSTA_LT != 0 {
+        status.state |= uapi::PCIEIPC_LINK_TRAINING;
+    }
+    if near.lnksta & regs::PCI_EXP_LNKSTA_DLLLA != 0 {
+        status.state |= uapi::PCIEIPC_LINK_DLL_ACTIVE;
+    }
+    status
+}
+
+/// What a retrain did.
+pub(crate) struct Retrain {
+    pub(crate) before: uapi::pcieipc_link_status,
+    pub(crate) after: uapi::pcieipc_link_status,
+    pub(crate) elapsed_us: u32,
+    /// `Err(ETIMEDOUT)` when training did not end in time.
+    pub(crate) outcome: Result,
+}
+
+/// Retrains the link above `function` from its upstream port, as
+/// `pcie_retrain_link()` does (which modules cannot call): optionally set
+/// the target speed, set Retrain Link, wait for Link Training to clear.
+pub(crate) fn retrain(function: &PciFunction, target_speed: u8, timeout_ms: u32) -> Result<Retrain> {
+    let port = function
+        .upstream_bridge()
+        .filter(PciFunction::is_downstream_port)
+        .ok_or(EOPNOTSUPP)?;
+    let timeout_ms = match timeout_ms {
+        0 => DEFAULT_RETRAIN_TIMEOUT_MS,
+        ms if ms > MAX_RETRAIN_TIMEOUT_MS => return Err(EINVAL),
+        ms => ms,
+    };
+    let before = status(function);
+    if target_speed != 0 {
+        let port_max = generation(port.pcie_read32(regs::PCI_EXP_LNKCAP)?);
+        if target_speed > port_max {
+            return Err(EINVAL);
+        }
+        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, target_speed as u16)?;
+    }
+    let start = Instant::<Monotonic>::now();
+    port.link_control_clear_and_set(0, regs::PCI_EXP_LNKCTL_RL)?;
+    let limit = Delta::from_millis(timeout_ms as i64);
+    let outcome = loop {
+        let lnksta = port.pcie_read16(regs::PCI_EXP_LNKSTA)?;
+        if lnksta & regs::PCI_EXP_LNKSTA_LT == 0 {
+            break Ok(());
+        }
+        if start.elapsed() > limit {
+            break Err(ETIMEDOUT);
+        }
+        fsleep(Delta::from_millis(1));
+    };
+    let elapsed_us = start.elapsed().as_micros_ceil().clamp(0, u32::MAX as i64) as u32;
+    Ok(Retrain {
+        before,
+        after: status(function),
+        elapsed_us,
+        outcome,
+    })
+}

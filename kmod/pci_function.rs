@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Config-space access to any PCI function by BDF, whether this module owns
+//! it or not (a GPU bound to its vendor driver, a root port).
+//!
+//! 7.3's `kernel::pci` only reaches the config space of a device the driver
+//! is bound to; this is the one place that uses the raw PCI bindings for
+//! others. A `PciFunction` holds a reference on the `struct pci_dev`, so it
+//! stays valid even if the device is removed meanwhile (its config reads
+//! then return all ones).
+
+use core::ptr::NonNull;
+
+use kernel::{bindings, error::to_result, prelude::*};
+
+use crate::uapi;
+
+/// Offsets in the PCI Express capability and the AER extended capability
+/// (include/uapi/linux/pci_regs.h).
+pub(crate) mod regs {
+    pub(crate) const PCI_EXP_FLAGS: i32 = 0x02;
+    pub(crate) const PCI_EXP_FLAGS_TYPE: u16 = 0x00f0;
+    pub(crate) const PCI_EXP_TYPE_ROOT_PORT: u16 = 0x4;
+    pub(crate) const PCI_EXP_TYPE_DOWNSTREAM: u16 = 0x6;
+    pub(crate) const PCI_EXP_TYPE_PCIE_BRIDGE: u16 = 0x8;
+    pub(crate) const PCI_EXP_LNKCAP: i32 = 0x0c;
+    pub(crate) const PCI_EXP_LNKCTL: i32 = 0x10;
+    pub(crate) const PCI_EXP_LNKCTL_RL: u16 = 0x0020;
+    pub(crate) const PCI_EXP_LNKSTA: i32 = 0x12;
+    pub(crate) const PCI_EXP_LNKSTA_LT: u16 = 0x0800;
+    pub(crate) const PCI_EXP_LNKSTA_DLLLA: u16 = 0x2000;
+    pub(crate) const PCI_EXP_LNKCTL2: i32 = 0x30;
+    pub(crate) const PCI_EXP_LNKCTL2_TLS: u16 = 0x000f;
+    pub(crate) const PCI_EXT_CAP_ID_ERR: i32 = 0x01;
+    pub(crate) const PCI_ERR_UNCOR_STATUS: i32 = 0x04;
+    pub(crate) const PCI_ERR_UNCOR_MASK: i32 = 0x08;
+    pub(crate) const PCI_ERR_UNCOR_SEVER: i32 = 0x0c;
+    pub(crate) const PCI_ERR_COR_STATUS: i32 = 0x10;
+    pub(crate) const PCI_ERR_COR_MASK: i32 = 0x14;
+    pub(crate) const PCI_ERR_CAP: i32 = 0x18;
+    pub(crate) const PCI_ERR_HEADER_LOG: i32 = 0x1c;
+}
+
+/// A referenced `struct pci_dev`.
+///
+/// # Invariants
+///
+/// `dev` points to a `struct pci_dev` on which this value holds a reference
+/// (taken by `pci_get_domain_bus_and_slot` or `pci_dev_get`).
+pub(crate) struct PciFunction {
+    dev: NonNull<bindings::pci_dev>,
+    domain: u32,
+}
+
+// SAFETY: a referenced `pci_dev` may be used and released from any thread;
+// config accessors take the PCI config lock themselves.
+unsafe impl Send for PciFunction {}
+// SAFETY: as above: every method only reads through the pointer or calls
+// functions that serialise config accesses.
+unsafe impl Sync for PciFunction {}
+
+impl PciFunction {
+    /// Finds a function by `PCIEIPC_BDF(domain, bus, devfn)`.
+    pub(crate) fn find(bdf: u32) -> Result<Self> {
+        let domain = bdf >> 16;
+        // SAFETY: a plain lookup; it returns a referenced device or NULL.
+        let dev = unsafe {
+            bindings::pci_get_domain_bus_and_slot(domain as i32, (bdf >> 8) & 0xff, bdf & 0xff)
+        };
+        // INVARIANT: a non-NULL result carries a reference for us.
+        NonNull::new(dev).map(|dev| Self { dev, domain }).ok_or(ENODEV)
+    }
+
+    /// `PCIEIPC_BDF` of this function.
+    pub(crate) fn bdf(&self) -> u32 {
+        // SAFETY: `dev` is valid (invariant) and `bus` is set for every
+        // enumerated device and never changes.
+        let (bus, devfn) = unsafe { ((*(*self.dev.as_ptr()).bus).number as u32, (*self.dev.as_ptr()).devfn) };
+        self.domain << 16 | bus << 8 | devfn
+    }
+
+    /// The bridge above this function, if it is not on a root bus.
+    pub(crate) fn upstream_bridge(&self) -> Option<Self> {
+        // SAFETY: `dev` is valid; `bus` and `bus->self` (the bridge leading
+        // to the bus, NULL on a root bus) do not change while it exists.
+        let bridge = unsafe { (*(*self.dev.as_ptr()).bus).self_ };
+        let bridge = NonNull::new(bridge)?;
+        // SAFETY: `bridge` is a valid device (the parent of a device we hold);
+        // `pci_dev_get` takes the reference the new value owns.
+        unsafe { bindings::pci_dev_get(bridge.as_ptr()) };
+        Some(Self {
+            dev: bridge,
+            domain: self.domain,
+        })
+    }
+
+    /// Whether the function has a PCI Express capability.
+    pub(crate) fn is_pcie(&self) -> bool {
+        // SAFETY: `dev` is valid; `pcie_cap` is set at enumeration.
+        unsafe { (*self.dev.as_ptr()).pcie_cap != 0 }
+    }
+
+    /// The PCI Express device/port type (PCI_EXP_TYPE_*), if PCI Express.
+    pub(crate) fn pcie_type(&self) -> Option<u16> {
+        let flags = self.pcie_read16(regs::PCI_EXP_FLAGS).ok()?;
+        Some((flags & regs::PCI_EXP_FLAGS_TYPE) >> 4)
+    }
+
+    /// Whether this function is the downstream-facing end of a link (a root
+    /// port or a switch downstream port), whose Link Control retrains it.
+    pub(crate) fn is_downstream_port(&self) -> bool {
+        matches!(
+            self.pcie_type(),
+            Some(regs::PCI_EXP_TYPE_ROOT_PORT | regs::PCI_EXP_TYPE_DOWNSTREAM | regs::PCI_EXP_TYPE_PCIE_BRIDGE)
+        )
+    }
+
+    /// Reads a 16-bit register of the PCI Express capability.
+    pub(crate) fn pcie_read16(&self, pos: i32) -> Result<u16> {
+        let mut value = 0u16;
+        // SAFETY: `dev` is valid; the function checks `pos` against the
+        // capability's version and returns an error for unknown registers.
+        to_result(unsafe { bindings::pcie_capability_read_word(self.dev.as_ptr(), pos, &mut value) })?;
+        Ok(value)
+    }
+
+    /// Reads a 32-bit register of the PCI Express capability.
+    pub(crate) fn pcie_read32(&self, pos: i32) -> Result<u32> {
+        let mut value = 0u32;
+        // SAFETY: as in `pcie_read16`.
+        to_result(unsafe { bindings::pcie_capability_read_dword(self.dev.as_ptr(), pos, &mut value) })?;
+        Ok(value)
+    }
+
+    /// Read-modify-write of Link Control with the kernel's lock for it
+    /// (ASPM and bandwidth control write the same register).
+    pub(crate) fn link_control_clear_and_set(&self, clear: u16, set: u16) -> Result {
+        // SAFETY: `dev` is valid; the locked helper serialises with the
+        // kernel's own writers of Link Control.
+        to_result(unsafe {
+            bindings::pcie_capability_clear_and_set_word_locked(self.dev.as_ptr(), regs::PCI_EXP_LNKCTL, clear, set)
+        })
+    }
+
+    /// Read-modify-write of Link Control 2 (no other kernel writer races on
+    /// the target speed field outside bandwidth control, which holds the
+    /// device lock we do not own: the unlocked helper is what it uses too).
+    pub(crate) fn link_control2_clear_and_set(&self, clear: u16, set: u16) -> Result {
+        // SAFETY: `dev` is valid.
+        to_result(unsafe {
+            bindings::pcie_capability_clear_and_set_word_unlocked(self.dev.as_ptr(), regs::PCI_EXP_LNKCTL2, clear, set)
+        })
+    }
+
+    /// A 32-bit config read; all ones when the device does not answer (removed,
+    /// link down), as the hardware gives.
+    pub(crate) fn config_read32(&self, offset: i32) -> u32 {
+        let mut value = u32::MAX;
+        // SAFETY: `dev` is valid; a failed read leaves all ones.
+        let ret = unsafe { bindings::pci_read_config_dword(self.dev.as_ptr(), offset, &mut value) };
+        if ret != 0 {
+            u32::MAX
+        } else {
+            value
+        }
+    }
+
+    /// The AER capability's registers now (all zero, `present` 0, without one).
+    pub(crate) fn aer_regs(&self) -> uapi::pcieipc_aer_regs {
+        // SAFETY: `dev` is valid; the walk reads config space only.
+        let pos = unsafe { bindings::pci_find_ext_capability(self.dev.as_ptr(), regs::PCI_EXT_CAP_ID_ERR) } as i32;
+        if pos == 0 {
+            return uapi::pcieipc_aer_regs {
+                source_bdf: self.bdf(),
+                ..Default::default()
+            };
+        }
+        let read = |offset: i32| self.config_read32(pos + offset);
+        uapi::pcieipc_aer_regs {
+            uncor_status: read(regs::PCI_ERR_UNCOR_STATUS),
+            uncor_mask: read(regs::PCI_ERR_UNCOR_MASK),
+            uncor_severity: read(regs::PCI_ERR_UNCOR_SEVER),
+            cor_status: read(regs::PCI_ERR_COR_STATUS),
+            cor_mask: read(regs::PCI_ERR_COR_MASK),
+            cap_control: read(regs::PCI_ERR_CAP),
+            header_log: [0, 4, 8, 12].map(|i| read(regs::PCI_ERR_HEADER_LOG + i)),
+            present: 1,
+            source_bdf: self.bdf(),
+        }
+    }
+}
+
+impl Clone for PciFunction {
+    fn clone(&self) -> Self {
+        // SAFETY: `dev` is valid; the clone owns the new reference.
+        unsafe { bindings::pci_dev_get(self.dev.as_ptr()) };
+        Self {
+            dev: self.dev,
+            domain: self.domain,
+        }
+    }
+}
+
+impl Drop for PciFunction {
+    fn drop(&mut self) {
+        // SAFETY: we own one reference (invariant).
+        unsafe { bindings::pci_dev_put(self.dev.as_ptr()) };
+    }
+}

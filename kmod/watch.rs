@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Watches: a periodic check of a PCI function's link and config space,
+//! turned into LINK_CHANGE and DEVICE_GONE events.
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use kernel::{
+    bindings, new_delayed_work, new_mutex,
+    prelude::*,
+    sync::{Arc, Mutex},
+    time::msecs_to_jiffies,
+    workqueue::{self, impl_has_delayed_work, DelayedWork, WorkItem},
+};
+
+use crate::{events::EventLog, link, pci_function::PciFunction, uapi};
+
+pub(crate) const MIN_PERIOD_MS: u32 = 10;
+pub(crate) const MAX_PERIOD_MS: u32 = 60_000;
+
+struct Seen {
+    link: uapi::pcieipc_link_status,
+    gone: bool,
+}
+
+#[pin_data]
+pub(crate) struct Watch {
+    pub(crate) bdf: u32,
+    function: PciFunction,
+    period_ms: u32,
+    events: Arc<EventLog>,
+    #[pin]
+    seen: Mutex<Seen>,
+    stopped: AtomicBool,
+    #[pin]
+    work: DelayedWork<Watch>,
+}
+
+impl_has_delayed_work! {
+    impl HasDelayedWork<Self> for Watch { self.work }
+}
+
+impl Watch {
+    /// Starts watching `function` every `period_ms`.
+    pub(crate) fn start(function: PciFunction, period_ms: u32, events: Arc<EventLog>) -> Result<Arc<Self>> {
+        if !(MIN_PERIOD_MS..=MAX_PERIOD_MS).contains(&period_ms) {
+            return Err(EINVAL);
+        }
+        let first = link::status(&function);
+        let watch = Arc::pin_init(
+            try_pin_init!(Watch {
+                bdf: function.bdf(),
+                function,
+                period_ms,
+                events,
+                seen <- new_mutex!(Seen { link: first, gone: false }),
+                stopped: AtomicBool::new(false),
+                work <- new_delayed_work!("pcieipc_watch"),
+            }),
+            GFP_KERNEL,
+        )?;
+        let _ = workqueue::system().enqueue_delayed(watch.clone(), msecs_to_jiffies(period_ms));
+        Ok(watch)
+    }
+
+    /// Stops the watch and waits until its work item is neither queued nor
+    /// running (flushing runs a pending check at once, which sees `stopped`).
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let work: *const DelayedWork<Watch> = &self.work;
+        // SAFETY: `work` is the initialised delayed work of this live `Watch`
+        // (`DelayedWork` is a transparent wrapper of `struct delayed_work`).
+        unsafe { bindings::flush_delayed_work(work.cast_mut().cast::<bindings::delayed_work>()) };
+    }
+
+    /// The AER registers of the link's port, where errors of a link that
+    /// changes or goes away are logged.
+    fn port_aer(&self) -> uapi::pcieipc_aer_regs {
+        self.function
+            .upstream_bridge()
+            .map_or_else(|| self.function.aer_regs(), |port| port.aer_regs())
+    }
+
+    /// One check: heartbeat first (a gone device also has no link to read).
+    fn check(&self) -> bool {
+        let ids = self.function.config_read32(0);
+        let mut seen = self.seen.lock();
+        if seen.gone {
+            return false;
+        }
+        if ids == u32::MAX {
+            seen.gone = true;
+            let last = seen.link;
+            drop(seen);
+            self.events.emit(uapi::pcieipc_event {
+                kind: uapi::PCIEIPC_EVENT_DEVICE_GONE,
+                bdf: self.bdf,
+                aer: self.port_aer(),
+                link_before: last,
+                link_after: link::status(&self.function),
+                ..Default::default()
+            });
+            return false;
+        }
+        let now = link::status(&self.function);
+        let changed = |s: &uapi::pcieipc_link_status| {
+            (s.cur_speed, s.cur_width, s.state & uapi::PCIEIPC_LINK_DLL_ACTIVE)
+        };
+        if changed(&now) != changed(&seen.link) {
+            let before = seen.link;
+            seen.link = now;
+            drop(seen);
+            self.events.emit(uapi::pcieipc_event {
+                kind: uapi::PCIEIPC_EVENT_LINK_CHANGE,
+                bdf: self.bdf,
+                aer: self.port_aer(),
+                link_before: before,
+                link_after: now,
+                ..Default::default()
+            });
+        }
+        true
+    }
+}
+
+impl WorkItem for Watch {
+    type Pointer = Arc<Watch>;
+
+    fn run(this: Arc<Watch>) {
+        if this.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        if this.check() && !this.stopped.load(Ordering::SeqCst) {
+            let period = msecs_to_jiffies(this.period_ms);
+            let _ = workqueue::system().enqueue_delayed(this, period);
+        }
+    }
+}

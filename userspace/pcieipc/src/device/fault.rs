@@ -1,0 +1,108 @@
+//! The fault path of `/dev/pcieipc`: link status and retraining of any PCI
+//! function, watches, and the event stream.
+
+use std::{io::Read, os::fd::AsRawFd, time::Duration};
+
+use pcieipc_uapi as uapi;
+
+use super::{Device, DeviceError};
+use crate::events::{Event, Link};
+
+/// What a retrain returns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Retrain {
+    pub before: Link,
+    pub after: Link,
+    pub elapsed_us: u32,
+    /// False when Link Training did not end within the timeout.
+    pub completed: bool,
+}
+
+impl Device {
+    /// `PCIEIPC_IOC_LINK_STATUS`: the link above `bdf` (a `PCIEIPC_BDF`).
+    pub fn link_status(&self, bdf: u32) -> Result<Link, DeviceError> {
+        let mut arg = uapi::pcieipc_link_status {
+            argsz: size_of::<uapi::pcieipc_link_status>() as u32,
+            bdf,
+            ..Default::default()
+        };
+        // SAFETY: `arg` is a live `pcieipc_link_status` with its argsz set.
+        unsafe { uapi::ioctl::link_status(self.file.as_raw_fd(), &mut arg) }
+            .map_err(|errno| self.ioctl_error("PCIEIPC_IOC_LINK_STATUS", errno))?;
+        Ok(Link::from_abi(&arg))
+    }
+
+    /// `PCIEIPC_IOC_LINK_RETRAIN`: retrains the link above `bdf`, optionally
+    /// at a target speed generation; `timeout` None is the kernel's 1 s.
+    pub fn retrain(&self, bdf: u32, target_speed: Option<u8>, timeout: Option<Duration>) -> Result<Retrain, DeviceError> {
+        let mut arg = uapi::pcieipc_link_retrain {
+            argsz: size_of::<uapi::pcieipc_link_retrain>() as u32,
+            bdf,
+            target_speed: target_speed.unwrap_or(0),
+            timeout_ms: timeout.map_or(0, |t| t.as_millis().min(u32::MAX as u128) as u32),
+            ..Default::default()
+        };
+        // SAFETY: `arg` is a live `pcieipc_link_retrain` with its argsz set.
+        let result = unsafe { uapi::ioctl::link_retrain(self.file.as_raw_fd(), &mut arg) };
+        let completed = match result {
+            Ok(_) => true,
+            // The module fills before/after also when training timed out.
+            Err(nix::errno::Errno::ETIMEDOUT) => false,
+            Err(errno) => return Err(self.ioctl_error("PCIEIPC_IOC_LINK_RETRAIN", errno)),
+        };
+        Ok(Retrain {
+            before: Link::from_abi(&arg.before),
+            after: Link::from_abi(&arg.after),
+            elapsed_us: arg.elapsed_us,
+            completed,
+        })
+    }
+
+    /// `PCIEIPC_IOC_WATCH` with ADD: check `bdf` every `period`.
+    pub fn watch(&self, bdf: u32, period: Duration) -> Result<(), DeviceError> {
+        self.watch_call(bdf, uapi::PCIEIPC_WATCH_ADD, period.as_millis().min(u32::MAX as u128) as u32)
+    }
+
+    /// `PCIEIPC_IOC_WATCH` with REMOVE.
+    pub fn unwatch(&self, bdf: u32) -> Result<(), DeviceError> {
+        self.watch_call(bdf, uapi::PCIEIPC_WATCH_REMOVE, 0)
+    }
+
+    fn watch_call(&self, bdf: u32, flags: u32, period_ms: u32) -> Result<(), DeviceError> {
+        let arg = uapi::pcieipc_watch {
+            argsz: size_of::<uapi::pcieipc_watch>() as u32,
+            flags,
+            bdf,
+            period_ms,
+        };
+        // SAFETY: `arg` is a live `pcieipc_watch` with its argsz set.
+        unsafe { uapi::ioctl::watch(self.file.as_raw_fd(), &arg) }
+            .map_err(|errno| self.ioctl_error("PCIEIPC_IOC_WATCH", errno))?;
+        Ok(())
+    }
+
+    /// Reads up to `max` events (at least one; blocks unless the device was
+    /// opened non-blocking, then EAGAIN when there is none).
+    pub fn read_events(&mut self, max: usize) -> Result<Vec<Event>, DeviceError> {
+        let record = size_of::<uapi::pcieipc_event>();
+        let mut buffer = vec![0u8; record * max.max(1)];
+        let read = self.file.read(&mut buffer).map_err(|e| {
+            self.ioctl_error(
+                "read",
+                e.raw_os_error().map_or(nix::errno::Errno::EIO, nix::errno::Errno::from_raw),
+            )
+        })?;
+        if read % record != 0 {
+            return Err(DeviceError::ShortRecord { path: self.path.clone(), bytes: read, record });
+        }
+        Ok(buffer[..read]
+            .chunks_exact(record)
+            .map(|chunk| {
+                // SAFETY: `pcieipc_event` is plain integers (any bit pattern
+                // is valid) and `chunk` holds exactly one record.
+                let raw: uapi::pcieipc_event = unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast()) };
+                Event::from_abi(&raw)
+            })
+            .collect())
+    }
+}

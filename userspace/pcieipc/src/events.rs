@@ -1,0 +1,465 @@
+//! The module's event records, decoded: AER error bits by the PCIe spec
+//! (the positions of include/uapi/linux/pci_regs.h), severity from the
+//! severity register, link changes, retrains, overflow. No I/O: records in,
+//! values out (`device::Device::read_events` does the reading).
+
+use std::fmt;
+
+use pcieipc_uapi as uapi;
+use serde::Serialize;
+
+/// One AER status bit: position, the spec's name, the short name the
+/// kernel's AER driver prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AerBit {
+    pub bit: u8,
+    pub name: &'static str,
+    pub short: &'static str,
+}
+
+const fn bit(bit: u8, name: &'static str, short: &'static str) -> AerBit {
+    AerBit { bit, name, short }
+}
+
+/// Uncorrectable Error Status bits (PCI Express Base spec, 7.8.4.2).
+pub const UNCORRECTABLE: [AerBit; 17] = [
+    bit(0, "Undefined", "Undefined"),
+    bit(4, "Data Link Protocol Error", "DLP"),
+    bit(5, "Surprise Down Error", "SDES"),
+    bit(12, "Poisoned TLP", "TLP"),
+    bit(13, "Flow Control Protocol Error", "FCP"),
+    bit(14, "Completion Timeout", "CmpltTO"),
+    bit(15, "Completer Abort", "CmpltAbrt"),
+    bit(16, "Unexpected Completion", "UnxCmplt"),
+    bit(17, "Receiver Overflow", "RxOF"),
+    bit(18, "Malformed TLP", "MalfTLP"),
+    bit(19, "ECRC Error", "ECRC"),
+    bit(20, "Unsupported Request", "UnsupReq"),
+    bit(21, "ACS Violation", "ACSViol"),
+    bit(22, "Uncorrectable Internal Error", "UncorrIntErr"),
+    bit(23, "MC Blocked TLP", "BlockedTLP"),
+    bit(24, "AtomicOp Egress Blocked", "AtomicOpBlocked"),
+    bit(25, "TLP Prefix Blocked", "TLPBlockedErr"),
+];
+
+/// Correctable Error Status bits (7.8.4.5).
+pub const CORRECTABLE: [AerBit; 8] = [
+    bit(0, "Receiver Error", "RxErr"),
+    bit(6, "Bad TLP", "BadTLP"),
+    bit(7, "Bad DLLP", "BadDLLP"),
+    bit(8, "REPLAY_NUM Rollover", "Rollover"),
+    bit(12, "Replay Timer Timeout", "Timeout"),
+    bit(13, "Advisory Non-Fatal Error", "NonFatalErr"),
+    bit(14, "Corrected Internal Error", "CorrIntErr"),
+    bit(15, "Header Log Overflow", "HeaderOF"),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Correctable,
+    NonFatal,
+    Fatal,
+}
+
+/// One error bit that was set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AerError {
+    pub bit: u8,
+    pub name: String,
+    pub short: String,
+    pub severity: Severity,
+    /// Set in the mask register: logged but not reported.
+    pub masked: bool,
+}
+
+/// The errors an AER register snapshot holds: uncorrectable bits with their
+/// severity from the severity register (a set bit there means fatal), then
+/// correctable bits. Unknown set bits are reported by position.
+pub fn decode_aer(regs: &uapi::pcieipc_aer_regs) -> Vec<AerError> {
+    let mut errors = Vec::new();
+    for position in 0..32u8 {
+        let mask = 1u32 << position;
+        if regs.uncor_status & mask != 0 {
+            let known = UNCORRECTABLE.iter().find(|b| b.bit == position);
+            errors.push(AerError {
+                bit: position,
+                name: known.map_or_else(|| format!("Uncorrectable bit {position}"), |b| b.name.into()),
+                short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
+                severity: if regs.uncor_severity & mask != 0 { Severity::Fatal } else { Severity::NonFatal },
+                masked: regs.uncor_mask & mask != 0,
+            });
+        }
+    }
+    for position in 0..32u8 {
+        let mask = 1u32 << position;
+        if regs.cor_status & mask != 0 {
+            let known = CORRECTABLE.iter().find(|b| b.bit == position);
+            errors.push(AerError {
+                bit: position,
+                name: known.map_or_else(|| format!("Correctable bit {position}"), |b| b.name.into()),
+                short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
+                severity: Severity::Correctable,
+                masked: regs.cor_mask & mask != 0,
+            });
+        }
+    }
+    errors
+}
+
+/// `PCIEIPC_BDF` to "dddd:bb:dd.f".
+pub fn bdf_string(bdf: u32) -> String {
+    if bdf == uapi::PCIEIPC_BDF_NONE {
+        return "-".into();
+    }
+    format!("{:04x}:{:02x}:{:02x}.{}", bdf >> 16, (bdf >> 8) & 0xff, (bdf >> 3) & 0x1f, bdf & 7)
+}
+
+/// "dddd:bb:dd.f" or "bb:dd.f" to `PCIEIPC_BDF`.
+pub fn parse_bdf(text: &str) -> Result<u32, String> {
+    let bad = || format!("{text:?} is not a PCI address like 0000:3b:00.0");
+    let parts: Vec<&str> = text.split(':').collect();
+    let (domain, bus, slot) = match parts.as_slice() {
+        [domain, bus, slot] => (*domain, *bus, *slot),
+        [bus, slot] => ("0", *bus, *slot),
+        _ => return Err(bad()),
+    };
+    let (device, function) = slot.split_once('.').ok_or_else(bad)?;
+    let hex = |s: &str, max: u32| u32::from_str_radix(s, 16).ok().filter(|&v| v <= max).ok_or_else(bad);
+    let (domain, bus, device, function) = (hex(domain, 0xffff)?, hex(bus, 0xff)?, hex(device, 0x1f)?, hex(function, 7)?);
+    Ok(domain << 16 | bus << 8 | device << 3 | function)
+}
+
+/// A link as the module decoded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Link {
+    pub bdf: String,
+    pub upstream_port: String,
+    /// Generations: 1 = 2.5 GT/s ... 6 = 64 GT/s; 0 unknown.
+    pub speed: u8,
+    pub width: u8,
+    pub max_speed: u8,
+    pub max_width: u8,
+    pub target_speed: u8,
+    pub degraded: bool,
+    pub training: bool,
+    pub dll_link_active: bool,
+    pub device_pcie: bool,
+    pub port_lnkcap: u32,
+    pub port_lnksta: u16,
+    pub port_lnkctl: u16,
+    pub port_lnkctl2: u16,
+    pub device_lnkcap: u32,
+    pub device_lnksta: u16,
+}
+
+impl Link {
+    pub fn from_abi(s: &uapi::pcieipc_link_status) -> Self {
+        Self {
+            bdf: bdf_string(s.bdf),
+            upstream_port: bdf_string(s.upstream_bdf),
+            speed: s.cur_speed,
+            width: s.cur_width,
+            max_speed: s.max_speed,
+            max_width: s.max_width,
+            target_speed: s.target_speed,
+            degraded: s.state & uapi::PCIEIPC_LINK_DEGRADED != 0,
+            training: s.state & uapi::PCIEIPC_LINK_TRAINING != 0,
+            dll_link_active: s.state & uapi::PCIEIPC_LINK_DLL_ACTIVE != 0,
+            device_pcie: s.device.present != 0,
+            port_lnkcap: s.port.lnkcap,
+            port_lnksta: s.port.lnksta,
+            port_lnkctl: s.port.lnkctl,
+            port_lnkctl2: s.port.lnkctl2,
+            device_lnkcap: s.device.lnkcap,
+            device_lnksta: s.device.lnksta,
+        }
+    }
+}
+
+/// GT/s of a generation, as lspci prints it.
+pub fn speed_gts(generation: u8) -> &'static str {
+    match generation {
+        1 => "2.5GT/s",
+        2 => "5GT/s",
+        3 => "8GT/s",
+        4 => "16GT/s",
+        5 => "32GT/s",
+        6 => "64GT/s",
+        _ => "unknown",
+    }
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (port {}): {} x{} of {} x{}",
+            self.bdf,
+            self.upstream_port,
+            speed_gts(self.speed),
+            self.width,
+            speed_gts(self.max_speed),
+            self.max_width
+        )?;
+        if self.target_speed != 0 {
+            write!(f, ", target {}", speed_gts(self.target_speed))?;
+        }
+        if self.degraded {
+            write!(f, " DEGRADED")?;
+        }
+        if self.training {
+            write!(f, " training")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Overflow,
+    Aer,
+    LinkChange,
+    DeviceGone,
+    LinkRetrain,
+    Reset,
+    Unknown,
+}
+
+/// One decoded event record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    pub seq: u64,
+    pub timestamp_ns: u64,
+    pub kind: EventKind,
+    pub bdf: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aer_step: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channel_state: Option<&'static str>,
+    /// AER: the pci_ers_result name; retrain/reset: "ok" or the errno.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<AerError>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aer_source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_before: Option<Link>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_after: Option<Link>,
+}
+
+fn aer_step_name(step: u32) -> Option<&'static str> {
+    Some(match step {
+        uapi::PCIEIPC_AER_COR_ERROR_DETECTED => "cor_error_detected",
+        uapi::PCIEIPC_AER_ERROR_DETECTED => "error_detected",
+        uapi::PCIEIPC_AER_MMIO_ENABLED => "mmio_enabled",
+        uapi::PCIEIPC_AER_SLOT_RESET => "slot_reset",
+        uapi::PCIEIPC_AER_RESUME => "resume",
+        _ => return None,
+    })
+}
+
+fn channel_state_name(state: u32) -> Option<&'static str> {
+    Some(match state {
+        1 => "normal",
+        2 => "frozen",
+        3 => "permanent_failure",
+        _ => return None,
+    })
+}
+
+/// The kernel's `pci_ers_result` values (include/linux/pci.h).
+fn ers_result_name(result: u32) -> String {
+    match result {
+        1 => "none",
+        2 => "can_recover",
+        3 => "need_reset",
+        4 => "disconnect",
+        5 => "recovered",
+        6 => "no_aer_driver",
+        _ => return format!("result {result}"),
+    }
+    .into()
+}
+
+impl Event {
+    pub fn from_abi(e: &uapi::pcieipc_event) -> Self {
+        let kind = match e.kind {
+            uapi::PCIEIPC_EVENT_OVERFLOW => EventKind::Overflow,
+            uapi::PCIEIPC_EVENT_AER => EventKind::Aer,
+            uapi::PCIEIPC_EVENT_LINK_CHANGE => EventKind::LinkChange,
+            uapi::PCIEIPC_EVENT_DEVICE_GONE => EventKind::DeviceGone,
+            uapi::PCIEIPC_EVENT_LINK_RETRAIN => EventKind::LinkRetrain,
+            uapi::PCIEIPC_EVENT_RESET => EventKind::Reset,
+            _ => EventKind::Unknown,
+        };
+        let has_link = matches!(kind, EventKind::LinkChange | EventKind::DeviceGone | EventKind::LinkRetrain);
+        let errno_result = |r: u32| {
+            if r == 0 {
+                "ok".to_string()
+            } else {
+                nix::errno::Errno::from_raw(-(r as i32)).to_string()
+            }
+        };
+        Event {
+            seq: e.seq,
+            timestamp_ns: e.timestamp_ns,
+            kind,
+            bdf: bdf_string(e.bdf),
+            lost: (kind == EventKind::Overflow).then_some(e.lost),
+            aer_step: if kind == EventKind::Aer { aer_step_name(e.aer_step) } else { None },
+            channel_state: if kind == EventKind::Aer { channel_state_name(e.channel_state) } else { None },
+            result: match kind {
+                EventKind::Aer => Some(ers_result_name(e.result)),
+                EventKind::LinkRetrain | EventKind::Reset => Some(errno_result(e.result)),
+                _ => None,
+            },
+            errors: if e.aer.present != 0 { decode_aer(&e.aer) } else { Vec::new() },
+            aer_source: (e.aer.present != 0).then(|| bdf_string(e.aer.source_bdf)),
+            link_before: has_link.then(|| Link::from_abi(&e.link_before)),
+            link_after: has_link.then(|| Link::from_abi(&e.link_after)),
+        }
+    }
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let seconds = self.timestamp_ns as f64 / 1e9;
+        write!(f, "[{seconds:12.6}] #{} {}", self.seq, self.bdf)?;
+        match self.kind {
+            EventKind::Overflow => write!(f, " OVERFLOW: {} events lost", self.lost.unwrap_or(0))?,
+            EventKind::Aer => write!(
+                f,
+                " AER {} (channel {}) -> {}",
+                self.aer_step.unwrap_or("?"),
+                self.channel_state.unwrap_or("?"),
+                self.result.as_deref().unwrap_or("?")
+            )?,
+            EventKind::LinkChange => write!(f, " LINK_CHANGE")?,
+            EventKind::DeviceGone => write!(f, " DEVICE_GONE")?,
+            EventKind::LinkRetrain => write!(f, " LINK_RETRAIN -> {}", self.result.as_deref().unwrap_or("?"))?,
+            EventKind::Reset => write!(f, " RESET -> {}", self.result.as_deref().unwrap_or("?"))?,
+            EventKind::Unknown => write!(f, " unknown event")?,
+        }
+        if let (Some(before), Some(after)) = (&self.link_before, &self.link_after) {
+            write!(
+                f,
+                ": {} x{} -> {} x{}",
+                speed_gts(before.speed),
+                before.width,
+                speed_gts(after.speed),
+                after.width
+            )?;
+            if after.degraded {
+                write!(f, " DEGRADED")?;
+            }
+        }
+        for error in &self.errors {
+            let severity = match error.severity {
+                Severity::Correctable => "correctable",
+                Severity::NonFatal => "non-fatal",
+                Severity::Fatal => "fatal",
+            };
+            write!(f, " [{}] {} ({severity}{})", error.bit, error.short, if error.masked { ", masked" } else { "" })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_bit_positions() {
+        // include/uapi/linux/pci_regs.h: PCI_ERR_UNC_* and PCI_ERR_COR_*.
+        let unc = |name: &str| UNCORRECTABLE.iter().find(|b| b.short == name).unwrap().bit;
+        assert_eq!(unc("DLP"), 4);
+        assert_eq!(unc("SDES"), 5);
+        assert_eq!(unc("TLP"), 12);
+        assert_eq!(unc("FCP"), 13);
+        assert_eq!(unc("CmpltTO"), 14);
+        assert_eq!(unc("CmpltAbrt"), 15);
+        assert_eq!(unc("UnxCmplt"), 16);
+        assert_eq!(unc("RxOF"), 17);
+        assert_eq!(unc("MalfTLP"), 18);
+        assert_eq!(unc("ECRC"), 19);
+        assert_eq!(unc("UnsupReq"), 20);
+        assert_eq!(unc("ACSViol"), 21);
+        let cor = |name: &str| CORRECTABLE.iter().find(|b| b.short == name).unwrap().bit;
+        assert_eq!(cor("RxErr"), 0);
+        assert_eq!(cor("BadTLP"), 6);
+        assert_eq!(cor("BadDLLP"), 7);
+        assert_eq!(cor("Rollover"), 8);
+        assert_eq!(cor("Timeout"), 12);
+        assert_eq!(cor("NonFatalErr"), 13);
+    }
+
+    #[test]
+    fn severity_comes_from_the_severity_register() {
+        // Completion Timeout (14) and Malformed TLP (18) set; only 18 is
+        // marked fatal in the severity register; Bad TLP correctable, masked.
+        let regs = uapi::pcieipc_aer_regs {
+            uncor_status: 1 << 14 | 1 << 18,
+            uncor_severity: 1 << 18 | 1 << 5,
+            cor_status: 1 << 6,
+            cor_mask: 1 << 6,
+            present: 1,
+            ..Default::default()
+        };
+        let errors = decode_aer(&regs);
+        let summary: Vec<(u8, &str, Severity, bool)> =
+            errors.iter().map(|e| (e.bit, e.short.as_str(), e.severity, e.masked)).collect();
+        assert_eq!(
+            summary,
+            [
+                (14, "CmpltTO", Severity::NonFatal, false),
+                (18, "MalfTLP", Severity::Fatal, false),
+                (6, "BadTLP", Severity::Correctable, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn bdf_round_trip() {
+        assert_eq!(parse_bdf("0000:00:10.0"), Ok(0x80));
+        assert_eq!(parse_bdf("3b:00.1"), Ok(0x3b01));
+        assert_eq!(bdf_string(0x0001_3b09), "0001:3b:01.1");
+        assert_eq!(bdf_string(uapi::PCIEIPC_BDF_NONE), "-");
+        assert!(parse_bdf("00:20.0").is_err());
+        assert!(parse_bdf("00:1f.8").is_err());
+        assert!(parse_bdf("garbage").is_err());
+    }
+
+    #[test]
+    fn overflow_and_retrain_records() {
+        let overflow = Event::from_abi(&uapi::pcieipc_event {
+            seq: 7,
+            kind: uapi::PCIEIPC_EVENT_OVERFLOW,
+            bdf: uapi::PCIEIPC_BDF_NONE,
+            lost: 2304,
+            ..Default::default()
+        });
+        assert_eq!(overflow.kind, EventKind::Overflow);
+        assert_eq!(overflow.lost, Some(2304));
+        assert!(overflow.to_string().contains("OVERFLOW: 2304 events lost"));
+        let json = serde_json::to_value(&overflow).unwrap();
+        assert_eq!(json["kind"], "overflow");
+        assert_eq!(json["lost"], 2304);
+
+        let retrain = Event::from_abi(&uapi::pcieipc_event {
+            kind: uapi::PCIEIPC_EVENT_LINK_RETRAIN,
+            bdf: 0x80,
+            result: (-110i32) as u32,
+            link_after: uapi::pcieipc_link_status { cur_speed: 1, cur_width: 1, max_speed: 4, max_width: 16, state: uapi::PCIEIPC_LINK_DEGRADED, ..Default::default() },
+            ..Default::default()
+        });
+        assert_eq!(retrain.result.as_deref(), Some("ETIMEDOUT: Connection timed out"));
+        assert!(retrain.link_after.as_ref().unwrap().degraded);
+    }
+}
