@@ -502,3 +502,40 @@ fn this_machine_virtio_without_links() {
     assert!(report.ring.best.is_none() && report.ring.nccl_default.is_none());
     validate_against_schema(&report);
 }
+
+#[test]
+fn gpu_in_an_x8_slot_is_narrow_not_degraded() {
+    let mut devices = generator::dgx_eight_gpu();
+    for device in devices
+        .iter_mut()
+        .filter(|device| ["0000:05:00.0", "0000:04:00.0"].contains(&device.bdf.as_str()))
+    {
+        let link = device.link.as_mut().unwrap();
+        link.max_width = 8;
+        link.current_width = 8;
+    }
+    let scratch = generator::ScratchDir::new("x8-slot").unwrap();
+    let root = scratch.path.join("root");
+    generator::write_tree(&root, &devices, 4096).unwrap();
+    let topology = Topology::from_sysfs_root(&root, HealthModel::default()).unwrap();
+    let gpu0 = index(&topology, "0000:05:00.0");
+    assert_eq!(topology.link_above(gpu0).unwrap().state, LinkState::Full);
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let narrow: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::NarrowLink)
+        .collect();
+    assert_eq!(narrow.len(), 1);
+    assert_eq!(
+        (narrow[0].severity, narrow[0].device),
+        (Severity::Warning, Some(bdf("0000:05:00.0")))
+    );
+    assert!(
+        narrow[0]
+            .evidence
+            .contains("current 16.0 GT/s x8, capable 16.0 GT/s x8"),
+        "{}",
+        narrow[0].evidence
+    );
+}
