@@ -5,11 +5,20 @@
 //! Registers the misc device `/dev/pcieipc`, whose ABI is `include/uapi/pcieipc.h`.
 
 use kernel::{
+    driver,
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
+    pci,
     prelude::*,
 };
 
+mod bar_mmap;
+mod bound_device;
 mod chardev;
+mod device_ioctls;
+mod irq_vectors;
+mod pci_driver;
+mod pci_info;
+mod registry;
 mod uapi;
 
 module! {
@@ -28,15 +37,21 @@ pub(crate) const MODULE_VERSION: &CStr = c"0.1.0";
 struct PcieIpcModule {
     #[pin]
     _chardev: MiscDeviceRegistration<chardev::PcieIpcFile>,
+    /// Declared last, so unregistered (every device unbound) last.
+    #[pin]
+    _driver: driver::Registration<pci::Adapter<pci_driver::PcieIpcDriver>>,
 }
 
 impl kernel::InPlaceModule for PcieIpcModule {
-    fn init(_module: &'static ThisModule) -> impl PinInit<Self, Error> {
+    fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
         pr_info!("pcieipc {} loaded\n", MODULE_VERSION);
+        // SAFETY: called once, before the driver and the misc device exist.
+        unsafe { registry::init() };
         try_pin_init!(Self {
             _chardev <- MiscDeviceRegistration::register(MiscDeviceOptions {
                 name: c"pcieipc",
             }),
+            _driver <- driver::Registration::new(c"pcieipc", module),
         })
     }
 }
