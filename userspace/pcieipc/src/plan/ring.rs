@@ -24,7 +24,7 @@ pub enum RingMethod {
 }
 
 /// A ring: `order[i]` sends to `order[(i + 1) % n]`; it starts at member 0.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Ring {
     pub method: RingMethod,
     pub order: Vec<usize>,

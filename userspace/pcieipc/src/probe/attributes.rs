@@ -101,7 +101,7 @@ pub fn parse_cpu_list(text: &str) -> Result<String, ParseError> {
 
 /// One file of AER counters (`aer_dev_correctable`, `aer_dev_nonfatal`,
 /// `aer_dev_fatal`): one "Name count" line per error type, then the total.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AerCounterFile {
     /// Per error type, in the kernel's order.
     pub counts: Vec<(String, u64)>,

@@ -280,7 +280,7 @@ impl LinkRegisters {
 }
 
 /// AER status, mask and severity registers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AerRegisters {
     pub offset: usize,
     pub uncorrectable_status: u32,
@@ -313,7 +313,7 @@ pub mod acs {
 }
 
 /// The ACS capability and control registers of a port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcsRegisters {
     pub offset: usize,
     pub capability: u16,
@@ -338,7 +338,7 @@ impl AcsRegisters {
 }
 
 /// The Resizable BAR capability.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResizableBarCapability {
     pub offset: usize,
     pub entries: Vec<ResizableBar>,
