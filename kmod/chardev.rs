@@ -6,6 +6,7 @@ use kernel::{
     fs::{file::flags::O_NONBLOCK, File, Kiocb},
     iov::IovIterDest,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
+    mm::virt::VmaNew,
     new_mutex,
     prelude::*,
     sync::{Arc, Mutex},
@@ -13,9 +14,10 @@ use kernel::{
 };
 
 use crate::{
+    bar_mmap, device_ioctls,
     events::EventLog,
     fault::{self, FaultState},
-    poll,
+    poll, registry,
     uapi::{self, ArgszArg},
 };
 
@@ -60,11 +62,19 @@ impl MiscDevice for PcieIpcFile {
     fn ioctl(me: Pin<&PcieIpcFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
             uapi::PCIEIPC_IOC_VERSION => version(arg),
+            uapi::PCIEIPC_IOC_LIST => device_ioctls::list(arg),
+            uapi::PCIEIPC_IOC_WAIT => device_ioctls::wait(arg),
+            uapi::PCIEIPC_IOC_COUNTERS => device_ioctls::counters(arg),
+            uapi::PCIEIPC_IOC_RING => device_ioctls::ring(arg),
             uapi::PCIEIPC_IOC_LINK_STATUS => fault::link_status(arg),
             uapi::PCIEIPC_IOC_LINK_RETRAIN => fault::link_retrain(&me.fault, arg),
             uapi::PCIEIPC_IOC_WATCH => fault::watch(&me.fault, arg),
             _ => Err(ENOTTY),
         }
+    }
+
+    fn mmap(_me: Pin<&PcieIpcFile>, _file: &File, vma: &VmaNew) -> Result {
+        bar_mmap::mmap(vma)
     }
 
     /// Whole `pcieipc_event` records; see the header.
@@ -82,8 +92,9 @@ impl MiscDevice for PcieIpcFile {
         let mut copied = 0;
         for event in events.iter() {
             if iov.copy_to_iter(event.as_bytes()) != record {
-                // Records already copied stay read; the rest is lost to
-                // this reader only if nothing was copied at all.
+                // The user buffer faulted: this record and the ones after it
+                // stay unread (an overflow record's seq is where it started).
+                *cursor = event.seq;
                 break;
             }
             copied += record;
@@ -104,7 +115,7 @@ fn version(arg: usize) -> Result<isize> {
     let reply = &mut arg.value;
     reply.abi_major = uapi::PCIEIPC_ABI_MAJOR as u16;
     reply.abi_minor = uapi::PCIEIPC_ABI_MINOR as u16;
-    reply.bound_devices = 0;
+    reply.bound_devices = registry::bound_count();
     reply.module_version = [0; uapi::PCIEIPC_VERSION_STRING_LEN as usize];
     let version = crate::MODULE_VERSION.to_bytes();
     for (dst, &src) in reply.module_version.iter_mut().zip(version) {

@@ -43,6 +43,30 @@ plain_abi_struct!(
     pcieipc_event,
 );
 
+/// `FromBytes` + `AsBytes` for ABI structs made only of integer fields
+/// (and arrays or structs of them) with no implicit padding: bindgen's
+/// layout assertions in the generated file pin each size and offset, and the
+/// header places every field at its natural alignment with explicit
+/// `reserved` fields where needed, so the fields cover every byte.
+macro_rules! plain_abi_struct {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: `repr(C)`, integer fields only, no padding (see above):
+        // every bit pattern is valid.
+        unsafe impl FromBytes for $t {}
+        // SAFETY: as above: no padding, so every byte is initialised.
+        unsafe impl AsBytes for $t {}
+    )*};
+}
+
+plain_abi_struct!(
+    pcieipc_bar_info,
+    pcieipc_device_info,
+    pcieipc_list,
+    pcieipc_wait,
+    pcieipc_counters,
+    pcieipc_ring,
+);
+
 /// An ioctl argument of an argsz-versioned struct (see the header's
 /// conventions): `argsz` must cover at least `min_size` bytes; only the first
 /// `min(argsz, size_of::<T>())` bytes are read and written back.

@@ -27,6 +27,8 @@ done <<'LIST'
 fabric.toml tree.sh
 fabric.toml module.sh
 fabric.toml hostctl.sh unplug-ivs1.sh
+fabric.toml fault.sh
+datapath.toml datapath-list.sh
 LIST
 
 echo

@@ -6,6 +6,6 @@ source "$(dirname "$0")/common.sh"
 [ -f "$REPO_ROOT/build/env.sh" ] || die "nothing built yet: run 'make build' first"
 source "$REPO_ROOT/build/env.sh"
 args=(run --topology "$1" --guest "$2" --module "$PCIEIPC_MODULE"
-      --bin "$PCIEIPC_BIN/pcieipc" --bin "$PCIEIPC_BIN/pcieipc-guest")
+      --bin "$PCIEIPC_BIN/pcieipc" --bin "$PCIEIPC_BIN/pcieipc-guest" --bin "$PCIEIPC_BIN/pcieipc-fault-check")
 [ $# -ge 3 ] && args+=(--host-script "$3")
 exec "$PCIEIPC_BIN/pcieipc-testbed" "${args[@]}"

@@ -30,7 +30,7 @@
  * changes meaning; the minor number when something is added.
  */
 #define PCIEIPC_ABI_MAJOR 0
-#define PCIEIPC_ABI_MINOR 1
+#define PCIEIPC_ABI_MINOR 2
 
 /* Free in Documentation/userspace-api/ioctl/ioctl-number.rst. */
 #define PCIEIPC_IOC_MAGIC 0xD7
@@ -38,6 +38,14 @@
 /* Command numbers (the `nr` of the ioctl). */
 enum pcieipc_cmd {
 	PCIEIPC_CMD_VERSION = 0x00,
+	PCIEIPC_CMD_LIST = 0x01,
+	PCIEIPC_CMD_WAIT = 0x02,
+	PCIEIPC_CMD_COUNTERS = 0x03,
+	PCIEIPC_CMD_RING = 0x04,
+	/* The fault path. */
+	PCIEIPC_CMD_LINK_STATUS = 0x20,
+	PCIEIPC_CMD_LINK_RETRAIN = 0x21,
+	PCIEIPC_CMD_WATCH = 0x22,
 };
 
 /* Length of pcieipc_version.module_version, NUL included. */
@@ -60,14 +68,176 @@ struct pcieipc_version {
 
 #define PCIEIPC_IOC_VERSION _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_VERSION)
 
-/* ---- Fault path: link status and control, watches, events ---- */
+/* BARs of a PCI function (standard BARs 0..5). */
+#define PCIEIPC_NUM_BARS 6
+/* Interrupt vectors the module allocates per device, at most. */
+#define PCIEIPC_MAX_VECTORS 32
 
-/* Command numbers of the fault path. */
-enum pcieipc_fault_cmd {
-	PCIEIPC_CMD_LINK_STATUS = 0x20,
-	PCIEIPC_CMD_LINK_RETRAIN = 0x21,
-	PCIEIPC_CMD_WATCH = 0x22,
+/*
+ * mmap offsets, as VFIO's region offsets: the window of BAR `bar` of the
+ * device of index `index` starts at PCIEIPC_MMAP_OFFSET(index, bar); add the
+ * (page-aligned) offset inside the BAR. LIST reports the offset of every BAR.
+ */
+#define PCIEIPC_MMAP_BAR_SHIFT 40
+#define PCIEIPC_MMAP_INDEX_SHIFT 44
+#define PCIEIPC_MMAP_OFFSET(index, bar) \
+	(((__u64)(index) << PCIEIPC_MMAP_INDEX_SHIFT) | ((__u64)(bar) << PCIEIPC_MMAP_BAR_SHIFT))
+
+/* pcieipc_device_info.state */
+enum pcieipc_device_state {
+	PCIEIPC_STATE_BOUND = 0,
+	/* A PCI error froze the device; waits fail with EIO. */
+	PCIEIPC_STATE_FROZEN = 1,
+	/* Unbound or removed; kept in the list until its BDF binds again. */
+	PCIEIPC_STATE_GONE = 2,
 };
+
+/* pcieipc_device_info.kind: what the module knows how to drive. */
+enum pcieipc_device_kind {
+	/* Bound through new_id/driver_override: BARs and interrupts only. */
+	PCIEIPC_KIND_GENERIC = 0,
+	/* QEMU ivshmem-doorbell (1af4:1110): RING, BAR2 shared memory. */
+	PCIEIPC_KIND_IVSHMEM = 1,
+	/* QEMU edu (1234:11e8): a DMA engine. */
+	PCIEIPC_KIND_EDU = 2,
+};
+
+/* pcieipc_device_info.irq_type */
+enum pcieipc_irq_type {
+	PCIEIPC_IRQ_NONE = 0,
+	PCIEIPC_IRQ_INTX = 1,
+	PCIEIPC_IRQ_MSI = 2,
+	PCIEIPC_IRQ_MSIX = 3,
+};
+
+/* pcieipc_bar_info.flags */
+#define PCIEIPC_BAR_MEM (1u << 0)
+#define PCIEIPC_BAR_IO (1u << 1)
+#define PCIEIPC_BAR_64BIT (1u << 2)
+#define PCIEIPC_BAR_PREFETCH (1u << 3)
+/* The BAR can be mapped with mmap: a memory BAR of at least one page that
+ * holds neither the MSI-X table nor its pending bits, nor the registers that
+ * the module drives itself (BAR0 of ivshmem-doorbell and edu). */
+#define PCIEIPC_BAR_MMAP (1u << 4)
+
+struct pcieipc_bar_info {
+	__u64 size;
+	/* PCIEIPC_MMAP_OFFSET(index, bar) */
+	__u64 mmap_offset;
+	__u32 flags;
+	__u32 reserved;
+};
+
+/* pcieipc_device_info.peer_id of a device without one. */
+#define PCIEIPC_NO_PEER_ID 0xffffffffu
+
+/* No upstream bridge (a device on a root bus). */
+#define PCIEIPC_NO_UPSTREAM 0xffffffffu
+
+/* One bound device. */
+struct pcieipc_device_info {
+	/* The handle that every other ioctl takes; never reused while loaded. */
+	__u32 index;
+	__u32 state;
+	/* domain << 16 | bus << 8 | devfn */
+	__u32 bdf;
+	/* The upstream bridge's BDF, or PCIEIPC_NO_UPSTREAM. */
+	__u32 upstream_bdf;
+	__u16 vendor;
+	__u16 device;
+	/* class << 16 | subclass << 8 | prog-if */
+	__u32 class_code;
+	__u32 kind;
+	__u32 irq_type;
+	/* Interrupt vectors with a counter: WAIT's `vector` is below this.
+	 * 0 for a device without interrupts (bound through driver_override). */
+	__u32 num_vectors;
+	/* Of the link above the device (the upstream port's LNKSTA):
+	 * speed code 1 = 2.5 GT/s, 2 = 5, 3 = 8, 4 = 16, 5 = 32, 6 = 64;
+	 * 0 when unknown. */
+	__u16 link_speed;
+	__u16 link_width;
+	/* ivshmem-doorbell: the device's own peer id (IVPosition), which peers
+	 * pass to RING; PCIEIPC_NO_PEER_ID for other kinds. */
+	__u32 peer_id;
+	__u32 reserved;
+	struct pcieipc_bar_info bars[PCIEIPC_NUM_BARS];
+};
+
+/*
+ * PCIEIPC_IOC_LIST: the bound devices (and gone ones not yet replaced).
+ * In: argsz, flags (0), entry_size = sizeof(struct pcieipc_device_info),
+ * capacity = entries the array at `entries` holds. Out: count = devices
+ * known (may exceed capacity: only the first `capacity` are written).
+ */
+struct pcieipc_list {
+	__u32 argsz;
+	__u32 flags;
+	__u32 entry_size;
+	__u32 capacity;
+	__u32 count;
+	__u32 reserved;
+	/* user pointer to struct pcieipc_device_info[capacity] */
+	__u64 entries;
+};
+
+#define PCIEIPC_IOC_LIST _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_LIST)
+
+/* pcieipc_wait.timeout_ms: no timeout. */
+#define PCIEIPC_WAIT_FOREVER 0xffffffffu
+
+/*
+ * PCIEIPC_IOC_WAIT: block until the interrupt count of (device, vector)
+ * exceeds last_seen. In: argsz, flags (0), device, vector, last_seen,
+ * timeout_ms (0: do not block). Out: count, the vector's count now.
+ * Errors: ETIMEDOUT, EINTR (a signal; call again with the same arguments),
+ * ENODEV (device gone, also while waiting), EIO (device frozen by an
+ * error), ENOENT (no such device index), EINVAL (vector out of range).
+ */
+struct pcieipc_wait {
+	__u32 argsz;
+	__u32 flags;
+	__u32 device;
+	__u32 vector;
+	__u64 last_seen;
+	__u32 timeout_ms;
+	__u32 reserved;
+	__u64 count;
+};
+
+#define PCIEIPC_IOC_WAIT _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_WAIT)
+
+/*
+ * PCIEIPC_IOC_COUNTERS: every vector's interrupt count, without waiting.
+ * In: argsz, flags (0), device. Out: num_vectors, counts[0..num_vectors].
+ */
+struct pcieipc_counters {
+	__u32 argsz;
+	__u32 flags;
+	__u32 device;
+	__u32 num_vectors;
+	__u64 counts[PCIEIPC_MAX_VECTORS];
+};
+
+#define PCIEIPC_IOC_COUNTERS _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_COUNTERS)
+
+/*
+ * PCIEIPC_IOC_RING: ring a doorbell: ivshmem-doorbell writes
+ * (peer << 16) | vector to its Doorbell register, raising `vector` of peer
+ * `peer` (its IVPosition). Needs CAP_SYS_ADMIN. Errors: EOPNOTSUPP (the
+ * device has no doorbell), ENODEV, ENOENT, EPERM.
+ */
+struct pcieipc_ring {
+	__u32 argsz;
+	__u32 flags;
+	__u32 device;
+	__u16 peer;
+	__u16 vector;
+};
+
+#define PCIEIPC_IOC_RING _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_RING)
+
+/* ---- Fault path: link status and control, watches, events ---- */
 
 /*
  * A PCI function: PCIEIPC_BDF(domain, bus, devfn) as lspci prints

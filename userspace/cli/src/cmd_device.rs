@@ -1,9 +1,9 @@
 //! `pcieipc device`: talk to the kernel module through /dev/pcieipc.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context;
-use pcieipc::device::{Device, DEFAULT_PATH};
+use pcieipc::device::{Device, WaitResult, DEFAULT_PATH};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,6 +22,26 @@ enum DeviceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The bound devices: BDF, IDs, BARs, interrupt vectors, link, state.
+    List {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Block until an interrupt of DEVICE's VECTOR passes LAST_SEEN; prints the count.
+    Wait {
+        device: u32,
+        vector: u32,
+        #[arg(long, default_value_t = 0)]
+        last_seen: u64,
+        /// Give up after this many milliseconds (default: wait forever).
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+    },
+    /// Every vector's interrupt count of DEVICE.
+    Counters { device: u32 },
+    /// Ring VECTOR of ivshmem peer PEER through DEVICE's doorbell.
+    Ring { device: u32, peer: u16, vector: u16 },
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -30,7 +50,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         DeviceCommand::Version { json } => {
             let version = device.version()?;
             if json {
-                println!("{}", serde_json::to_string(&version).context("serialising the version")?);
+                println!(
+                    "{}",
+                    serde_json::to_string(&version).context("serialising the version")?
+                );
             } else {
                 println!(
                     "pcieipc module {} (ABI {}.{}), {} bound device(s), userspace {}",
@@ -42,6 +65,70 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
             }
         }
+        DeviceCommand::List { json } => {
+            let devices = device.list()?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&devices).context("serialising the list")?
+                );
+            }
+            for d in devices.iter().filter(|_| !json) {
+                let link = match (d.link_speed_gts, d.link_width) {
+                    (Some(speed), Some(width)) => format!("{speed} GT/s x{width}"),
+                    _ => "link unknown".into(),
+                };
+                println!(
+                    "{} {} {:04x}:{:04x} {:?} {:?} {} {:?} vector(s), {link}, upstream {}, peer {}",
+                    d.index,
+                    d.bdf,
+                    d.vendor,
+                    d.device,
+                    d.kind,
+                    d.state,
+                    d.num_vectors,
+                    d.irq_type,
+                    d.upstream_bdf.as_deref().unwrap_or("none"),
+                    d.peer_id.map_or("none".into(), |p| p.to_string()),
+                );
+                for bar in &d.bars {
+                    println!(
+                        "    BAR{} {} bytes{}{} mmap offset {:#x}",
+                        bar.index,
+                        bar.size,
+                        if bar.memory { " mem" } else { " io" },
+                        if bar.mappable { " mappable" } else { "" },
+                        bar.mmap_offset
+                    );
+                }
+            }
+        }
+        DeviceCommand::Wait {
+            device: index,
+            vector,
+            last_seen,
+            timeout_ms,
+        } => match device.wait(
+            index,
+            vector,
+            last_seen,
+            timeout_ms.map(Duration::from_millis),
+        )? {
+            WaitResult::Interrupt(count) => println!("{count}"),
+            WaitResult::TimedOut => anyhow::bail!("device {index} vector {vector}: timed out"),
+            WaitResult::Interrupted => {
+                anyhow::bail!("device {index} vector {vector}: interrupted by a signal")
+            }
+        },
+        DeviceCommand::Counters { device: index } => {
+            let counts: Vec<String> = device.counters(index)?.iter().map(u64::to_string).collect();
+            println!("{}", counts.join(" "));
+        }
+        DeviceCommand::Ring {
+            device: index,
+            peer,
+            vector,
+        } => device.ring(index, peer, vector)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,7 +4,7 @@
 use std::{io::Write, path::PathBuf, process::ExitCode};
 
 use anyhow::Context;
-use pcieipc::device::{Device, DeviceError, DEFAULT_PATH};
+use pcieipc::device::{Device, DEFAULT_PATH};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,7 +32,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     loop {
         let events = match device.read_events(BATCH) {
             Ok(events) => events,
-            Err(DeviceError::Ioctl { errno: nix::errno::Errno::EAGAIN, .. }) if args.no_wait => break,
+            Err(err) if args.no_wait && err.errno() == Some(nix::errno::Errno::EAGAIN) => break,
             Err(err) => return Err(err.into()),
         };
         let mut out = stdout.lock();

@@ -270,7 +270,7 @@ fn mismatches(role: Role) {
                 } else {
                     ReduceOp::Sum
                 };
-                comm.all_reduce_in_place(&mut vec![1u8; 64], op)
+                comm.all_reduce_in_place(&mut [1u8; 64], op)
             },
             |call| format!("{:?}", call.op),
         );

@@ -42,7 +42,7 @@ const INIT: &str = r#"#!/bin/busybox sh
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
-mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
+grep -q ' /dev ' /proc/mounts || mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp
 # ttyS1 is the channel to the harness (see /testbed/lib.sh): raw, no echo.
 exec 3<>/dev/ttyS1

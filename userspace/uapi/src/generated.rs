@@ -4,10 +4,26 @@
 
 pub const PCIEIPC_DEVICE_NAME: &[u8; 8] = b"pcieipc\0";
 pub const PCIEIPC_ABI_MAJOR: u32 = 0;
-pub const PCIEIPC_ABI_MINOR: u32 = 1;
+pub const PCIEIPC_ABI_MINOR: u32 = 2;
 pub const PCIEIPC_IOC_MAGIC: u32 = 215;
 pub const PCIEIPC_VERSION_STRING_LEN: u32 = 32;
 pub const PCIEIPC_IOC_VERSION: u32 = 55040;
+pub const PCIEIPC_NUM_BARS: u32 = 6;
+pub const PCIEIPC_MAX_VECTORS: u32 = 32;
+pub const PCIEIPC_MMAP_BAR_SHIFT: u32 = 40;
+pub const PCIEIPC_MMAP_INDEX_SHIFT: u32 = 44;
+pub const PCIEIPC_BAR_MEM: u32 = 1;
+pub const PCIEIPC_BAR_IO: u32 = 2;
+pub const PCIEIPC_BAR_64BIT: u32 = 4;
+pub const PCIEIPC_BAR_PREFETCH: u32 = 8;
+pub const PCIEIPC_BAR_MMAP: u32 = 16;
+pub const PCIEIPC_NO_PEER_ID: u32 = 4294967295;
+pub const PCIEIPC_NO_UPSTREAM: u32 = 4294967295;
+pub const PCIEIPC_IOC_LIST: u32 = 55041;
+pub const PCIEIPC_WAIT_FOREVER: u32 = 4294967295;
+pub const PCIEIPC_IOC_WAIT: u32 = 55042;
+pub const PCIEIPC_IOC_COUNTERS: u32 = 55043;
+pub const PCIEIPC_IOC_RING: u32 = 55044;
 pub const PCIEIPC_BDF_NONE: u32 = 4294967295;
 pub const PCIEIPC_LINK_DEGRADED: u32 = 1;
 pub const PCIEIPC_LINK_TRAINING: u32 = 2;
@@ -23,6 +39,13 @@ pub type __u16 = ::core::ffi::c_ushort;
 pub type __u32 = ::core::ffi::c_uint;
 pub type __u64 = ::core::ffi::c_ulonglong;
 pub const PCIEIPC_CMD_VERSION: pcieipc_cmd = 0;
+pub const PCIEIPC_CMD_LIST: pcieipc_cmd = 1;
+pub const PCIEIPC_CMD_WAIT: pcieipc_cmd = 2;
+pub const PCIEIPC_CMD_COUNTERS: pcieipc_cmd = 3;
+pub const PCIEIPC_CMD_RING: pcieipc_cmd = 4;
+pub const PCIEIPC_CMD_LINK_STATUS: pcieipc_cmd = 32;
+pub const PCIEIPC_CMD_LINK_RETRAIN: pcieipc_cmd = 33;
+pub const PCIEIPC_CMD_WATCH: pcieipc_cmd = 34;
 pub type pcieipc_cmd = ::core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
@@ -51,10 +74,198 @@ const _: () = {
     ["Offset of field: pcieipc_version::module_version"]
         [::core::mem::offset_of!(pcieipc_version, module_version) - 16usize];
 };
-pub const PCIEIPC_CMD_LINK_STATUS: pcieipc_fault_cmd = 32;
-pub const PCIEIPC_CMD_LINK_RETRAIN: pcieipc_fault_cmd = 33;
-pub const PCIEIPC_CMD_WATCH: pcieipc_fault_cmd = 34;
-pub type pcieipc_fault_cmd = ::core::ffi::c_uint;
+pub const PCIEIPC_STATE_BOUND: pcieipc_device_state = 0;
+pub const PCIEIPC_STATE_FROZEN: pcieipc_device_state = 1;
+pub const PCIEIPC_STATE_GONE: pcieipc_device_state = 2;
+pub type pcieipc_device_state = ::core::ffi::c_uint;
+pub const PCIEIPC_KIND_GENERIC: pcieipc_device_kind = 0;
+pub const PCIEIPC_KIND_IVSHMEM: pcieipc_device_kind = 1;
+pub const PCIEIPC_KIND_EDU: pcieipc_device_kind = 2;
+pub type pcieipc_device_kind = ::core::ffi::c_uint;
+pub const PCIEIPC_IRQ_NONE: pcieipc_irq_type = 0;
+pub const PCIEIPC_IRQ_INTX: pcieipc_irq_type = 1;
+pub const PCIEIPC_IRQ_MSI: pcieipc_irq_type = 2;
+pub const PCIEIPC_IRQ_MSIX: pcieipc_irq_type = 3;
+pub type pcieipc_irq_type = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_bar_info {
+    pub size: __u64,
+    pub mmap_offset: __u64,
+    pub flags: __u32,
+    pub reserved: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_bar_info"][::core::mem::size_of::<pcieipc_bar_info>() - 24usize];
+    ["Alignment of pcieipc_bar_info"][::core::mem::align_of::<pcieipc_bar_info>() - 8usize];
+    ["Offset of field: pcieipc_bar_info::size"]
+        [::core::mem::offset_of!(pcieipc_bar_info, size) - 0usize];
+    ["Offset of field: pcieipc_bar_info::mmap_offset"]
+        [::core::mem::offset_of!(pcieipc_bar_info, mmap_offset) - 8usize];
+    ["Offset of field: pcieipc_bar_info::flags"]
+        [::core::mem::offset_of!(pcieipc_bar_info, flags) - 16usize];
+    ["Offset of field: pcieipc_bar_info::reserved"]
+        [::core::mem::offset_of!(pcieipc_bar_info, reserved) - 20usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_device_info {
+    pub index: __u32,
+    pub state: __u32,
+    pub bdf: __u32,
+    pub upstream_bdf: __u32,
+    pub vendor: __u16,
+    pub device: __u16,
+    pub class_code: __u32,
+    pub kind: __u32,
+    pub irq_type: __u32,
+    pub num_vectors: __u32,
+    pub link_speed: __u16,
+    pub link_width: __u16,
+    pub peer_id: __u32,
+    pub reserved: __u32,
+    pub bars: [pcieipc_bar_info; 6usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_device_info"][::core::mem::size_of::<pcieipc_device_info>() - 192usize];
+    ["Alignment of pcieipc_device_info"][::core::mem::align_of::<pcieipc_device_info>() - 8usize];
+    ["Offset of field: pcieipc_device_info::index"]
+        [::core::mem::offset_of!(pcieipc_device_info, index) - 0usize];
+    ["Offset of field: pcieipc_device_info::state"]
+        [::core::mem::offset_of!(pcieipc_device_info, state) - 4usize];
+    ["Offset of field: pcieipc_device_info::bdf"]
+        [::core::mem::offset_of!(pcieipc_device_info, bdf) - 8usize];
+    ["Offset of field: pcieipc_device_info::upstream_bdf"]
+        [::core::mem::offset_of!(pcieipc_device_info, upstream_bdf) - 12usize];
+    ["Offset of field: pcieipc_device_info::vendor"]
+        [::core::mem::offset_of!(pcieipc_device_info, vendor) - 16usize];
+    ["Offset of field: pcieipc_device_info::device"]
+        [::core::mem::offset_of!(pcieipc_device_info, device) - 18usize];
+    ["Offset of field: pcieipc_device_info::class_code"]
+        [::core::mem::offset_of!(pcieipc_device_info, class_code) - 20usize];
+    ["Offset of field: pcieipc_device_info::kind"]
+        [::core::mem::offset_of!(pcieipc_device_info, kind) - 24usize];
+    ["Offset of field: pcieipc_device_info::irq_type"]
+        [::core::mem::offset_of!(pcieipc_device_info, irq_type) - 28usize];
+    ["Offset of field: pcieipc_device_info::num_vectors"]
+        [::core::mem::offset_of!(pcieipc_device_info, num_vectors) - 32usize];
+    ["Offset of field: pcieipc_device_info::link_speed"]
+        [::core::mem::offset_of!(pcieipc_device_info, link_speed) - 36usize];
+    ["Offset of field: pcieipc_device_info::link_width"]
+        [::core::mem::offset_of!(pcieipc_device_info, link_width) - 38usize];
+    ["Offset of field: pcieipc_device_info::peer_id"]
+        [::core::mem::offset_of!(pcieipc_device_info, peer_id) - 40usize];
+    ["Offset of field: pcieipc_device_info::reserved"]
+        [::core::mem::offset_of!(pcieipc_device_info, reserved) - 44usize];
+    ["Offset of field: pcieipc_device_info::bars"]
+        [::core::mem::offset_of!(pcieipc_device_info, bars) - 48usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_list {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub entry_size: __u32,
+    pub capacity: __u32,
+    pub count: __u32,
+    pub reserved: __u32,
+    pub entries: __u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_list"][::core::mem::size_of::<pcieipc_list>() - 32usize];
+    ["Alignment of pcieipc_list"][::core::mem::align_of::<pcieipc_list>() - 8usize];
+    ["Offset of field: pcieipc_list::argsz"][::core::mem::offset_of!(pcieipc_list, argsz) - 0usize];
+    ["Offset of field: pcieipc_list::flags"][::core::mem::offset_of!(pcieipc_list, flags) - 4usize];
+    ["Offset of field: pcieipc_list::entry_size"]
+        [::core::mem::offset_of!(pcieipc_list, entry_size) - 8usize];
+    ["Offset of field: pcieipc_list::capacity"]
+        [::core::mem::offset_of!(pcieipc_list, capacity) - 12usize];
+    ["Offset of field: pcieipc_list::count"]
+        [::core::mem::offset_of!(pcieipc_list, count) - 16usize];
+    ["Offset of field: pcieipc_list::reserved"]
+        [::core::mem::offset_of!(pcieipc_list, reserved) - 20usize];
+    ["Offset of field: pcieipc_list::entries"]
+        [::core::mem::offset_of!(pcieipc_list, entries) - 24usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_wait {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub device: __u32,
+    pub vector: __u32,
+    pub last_seen: __u64,
+    pub timeout_ms: __u32,
+    pub reserved: __u32,
+    pub count: __u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_wait"][::core::mem::size_of::<pcieipc_wait>() - 40usize];
+    ["Alignment of pcieipc_wait"][::core::mem::align_of::<pcieipc_wait>() - 8usize];
+    ["Offset of field: pcieipc_wait::argsz"][::core::mem::offset_of!(pcieipc_wait, argsz) - 0usize];
+    ["Offset of field: pcieipc_wait::flags"][::core::mem::offset_of!(pcieipc_wait, flags) - 4usize];
+    ["Offset of field: pcieipc_wait::device"]
+        [::core::mem::offset_of!(pcieipc_wait, device) - 8usize];
+    ["Offset of field: pcieipc_wait::vector"]
+        [::core::mem::offset_of!(pcieipc_wait, vector) - 12usize];
+    ["Offset of field: pcieipc_wait::last_seen"]
+        [::core::mem::offset_of!(pcieipc_wait, last_seen) - 16usize];
+    ["Offset of field: pcieipc_wait::timeout_ms"]
+        [::core::mem::offset_of!(pcieipc_wait, timeout_ms) - 24usize];
+    ["Offset of field: pcieipc_wait::reserved"]
+        [::core::mem::offset_of!(pcieipc_wait, reserved) - 28usize];
+    ["Offset of field: pcieipc_wait::count"]
+        [::core::mem::offset_of!(pcieipc_wait, count) - 32usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_counters {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub device: __u32,
+    pub num_vectors: __u32,
+    pub counts: [__u64; 32usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_counters"][::core::mem::size_of::<pcieipc_counters>() - 272usize];
+    ["Alignment of pcieipc_counters"][::core::mem::align_of::<pcieipc_counters>() - 8usize];
+    ["Offset of field: pcieipc_counters::argsz"]
+        [::core::mem::offset_of!(pcieipc_counters, argsz) - 0usize];
+    ["Offset of field: pcieipc_counters::flags"]
+        [::core::mem::offset_of!(pcieipc_counters, flags) - 4usize];
+    ["Offset of field: pcieipc_counters::device"]
+        [::core::mem::offset_of!(pcieipc_counters, device) - 8usize];
+    ["Offset of field: pcieipc_counters::num_vectors"]
+        [::core::mem::offset_of!(pcieipc_counters, num_vectors) - 12usize];
+    ["Offset of field: pcieipc_counters::counts"]
+        [::core::mem::offset_of!(pcieipc_counters, counts) - 16usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_ring {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub device: __u32,
+    pub peer: __u16,
+    pub vector: __u16,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_ring"][::core::mem::size_of::<pcieipc_ring>() - 16usize];
+    ["Alignment of pcieipc_ring"][::core::mem::align_of::<pcieipc_ring>() - 4usize];
+    ["Offset of field: pcieipc_ring::argsz"][::core::mem::offset_of!(pcieipc_ring, argsz) - 0usize];
+    ["Offset of field: pcieipc_ring::flags"][::core::mem::offset_of!(pcieipc_ring, flags) - 4usize];
+    ["Offset of field: pcieipc_ring::device"]
+        [::core::mem::offset_of!(pcieipc_ring, device) - 8usize];
+    ["Offset of field: pcieipc_ring::peer"][::core::mem::offset_of!(pcieipc_ring, peer) - 12usize];
+    ["Offset of field: pcieipc_ring::vector"]
+        [::core::mem::offset_of!(pcieipc_ring, vector) - 14usize];
+};
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
 pub struct pcieipc_link_regs {

@@ -27,6 +27,30 @@ pub mod ioctl {
         pcieipc_version
     );
     nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_LIST`: fills a `pcieipc_list` and its `entries` array.
+        list,
+        PCIEIPC_IOC_LIST,
+        pcieipc_list
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_WAIT`: blocks until an interrupt count passes `last_seen`.
+        wait,
+        PCIEIPC_IOC_WAIT,
+        pcieipc_wait
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_COUNTERS`: every vector's interrupt count.
+        counters,
+        PCIEIPC_IOC_COUNTERS,
+        pcieipc_counters
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_RING`: rings a peer's doorbell.
+        ring,
+        PCIEIPC_IOC_RING,
+        pcieipc_ring
+    );
+    nix::ioctl_readwrite_bad!(
         /// `PCIEIPC_IOC_LINK_STATUS`: the link above `bdf`.
         link_status,
         PCIEIPC_IOC_LINK_STATUS,
@@ -44,4 +68,10 @@ pub mod ioctl {
         PCIEIPC_IOC_WATCH,
         pcieipc_watch
     );
+}
+
+/// `PCIEIPC_MMAP_OFFSET(index, bar)` of the header (a function-like macro,
+/// which bindgen does not translate): the mmap offset of a BAR's window.
+pub const fn mmap_offset(index: u32, bar: u32) -> u64 {
+    ((index as u64) << PCIEIPC_MMAP_INDEX_SHIFT) | ((bar as u64) << PCIEIPC_MMAP_BAR_SHIFT)
 }

@@ -1,7 +1,11 @@
 //! The fault path of `/dev/pcieipc`: link status and retraining of any PCI
 //! function, watches, and the event stream.
 
-use std::{io::Read, os::fd::AsRawFd, time::Duration};
+use std::{
+    io::Read,
+    os::fd::AsRawFd,
+    time::Duration,
+};
 
 use pcieipc_uapi as uapi;
 
@@ -104,5 +108,13 @@ impl Device {
                 Event::from_abi(&raw)
             })
             .collect())
+    }
+}
+
+/// The device's descriptor, for poll/select/epoll on the event stream.
+impl std::os::fd::AsFd for Device {
+    // `file` is the open /dev/pcieipc.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
     }
 }

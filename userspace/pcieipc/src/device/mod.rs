@@ -13,6 +13,14 @@ use std::{
 
 use pcieipc_uapi as uapi;
 
+mod bar_window;
+mod info;
+mod interrupts;
+
+pub use bar_window::BarWindow;
+pub use info::{BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
+pub use interrupts::WaitResult;
+
 mod fault;
 pub use fault::Retrain;
 
@@ -30,6 +38,22 @@ pub enum DeviceError {
     Ioctl {
         path: PathBuf,
         ioctl: &'static str,
+        errno: nix::errno::Errno,
+    },
+    #[error("{path}: {ioctl} on device {device}: {errno}")]
+    DeviceIoctl {
+        path: PathBuf,
+        ioctl: &'static str,
+        device: u32,
+        errno: nix::errno::Errno,
+    },
+    #[error("{path}: mmap of device {device} BAR {bar} ({len} bytes at {offset:#x}): {errno}")]
+    Mmap {
+        path: PathBuf,
+        device: u32,
+        bar: u32,
+        offset: u64,
+        len: usize,
         errno: nix::errno::Errno,
     },
     #[error("{path}: read {bytes} bytes, not a whole number of {record}-byte event records")]
@@ -131,6 +155,32 @@ impl Device {
             path: self.path.clone(),
             ioctl,
             errno,
+        }
+    }
+
+    fn device_error(
+        &self,
+        ioctl: &'static str,
+        device: u32,
+        errno: nix::errno::Errno,
+    ) -> DeviceError {
+        DeviceError::DeviceIoctl {
+            path: self.path.clone(),
+            ioctl,
+            device,
+            errno,
+        }
+    }
+}
+
+impl DeviceError {
+    /// The errno the module answered with, if the error is one.
+    pub fn errno(&self) -> Option<nix::errno::Errno> {
+        match self {
+            DeviceError::Ioctl { errno, .. }
+            | DeviceError::DeviceIoctl { errno, .. }
+            | DeviceError::Mmap { errno, .. } => Some(*errno),
+            DeviceError::Open { .. } | DeviceError::AbiMismatch { .. } | DeviceError::ShortRecord { .. } => None,
         }
     }
 }

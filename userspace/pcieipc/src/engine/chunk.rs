@@ -44,7 +44,7 @@ impl Default for ChunkPolicy {
             aer_errors: 256 << 10,
             degraded: 512 << 10,
             slow: 64 << 10,
-            host_memory: 256 << 10,
+            host_memory: 32 << 10,
             aer_error_threshold: 1,
         }
     }
@@ -113,7 +113,7 @@ mod tests {
         assert_eq!(policy.chunk_bytes(Some(&link(5.0, 16, 0))), 64 << 10);
         assert_eq!(policy.chunk_bytes(Some(&link(5.0, 4, 9))), 64 << 10);
         assert_eq!(policy.chunk_bytes(Some(&link(2.5, 1, 0))), 64 << 10);
-        assert_eq!(policy.chunk_bytes(None), 256 << 10);
+        assert_eq!(policy.chunk_bytes(None), 32 << 10);
         assert_eq!(policy.max_chunk_bytes(), 1 << 20);
     }
 

@@ -18,6 +18,12 @@ use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
 /// How long a blocked rank sleeps between liveness and timeout checks: the
 /// bound on how late a dead peer is noticed, and few enough wake-ups that a
 /// rank waiting for a late peer costs next to no CPU.
+/// How long a waiting rank polls before it starts yielding its core between polls.
+const EAGER_SPIN: Duration = Duration::from_micros(2);
+/// Each Raw and Relay slot starts with the sender's call number and call
+/// descriptor (four words, padded to a cache line), then the chunk.
+const MESSAGE_HEADER_BYTES: usize = 64;
+
 const LIVENESS_SLICE: Duration = Duration::from_millis(10);
 
 /// Everything a rank chooses when it joins. Rank 0's window sizes (chunk
@@ -37,12 +43,17 @@ pub struct CommOptions {
     pub chunk_policy: ChunkPolicy,
     /// The link under this rank's ring hop; `None` on host memory.
     pub link: Option<LinkFacts>,
-    /// How many chunks the ring's first step may run ahead of the rest.
+    /// How many chunks each ring step may run ahead of the next (the slack
+    /// between neighbours); the windows hold in_flight + 1 chunks per step.
     pub in_flight: usize,
     pub algorithm: AlgorithmChoice,
     /// The most bytes a rank reads from its peers on the one-shot path:
     /// all_reduce of `bytes` goes one-shot while bytes·(N−1) fits.
     pub one_shot_read_budget: usize,
+    /// Binds the calling thread to this CPU at init, as MPI launchers bind
+    /// ranks to cores: two ranks time-sharing one core turn every wait into a
+    /// context switch.
+    pub bind_cpu: Option<usize>,
 }
 
 impl Default for CommOptions {
@@ -57,6 +68,7 @@ impl Default for CommOptions {
             in_flight: 4,
             algorithm: AlgorithmChoice::Auto,
             one_shot_read_budget: 64 << 10,
+            bind_cpu: None,
         }
     }
 }
@@ -137,6 +149,29 @@ fn clip(range: &Range<usize>, chunk: usize, chunk_elements: usize) -> Range<usiz
     start..(start + chunk_elements).min(range.end)
 }
 
+fn bind_to_cpu(cpu: usize) -> Result<(), EngineError> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(EngineError::BindCpu {
+            cpu,
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        });
+    }
+    // SAFETY: cpu_set_t is plain data, zero is the empty set, CPU_SET is given
+    // an index below CPU_SETSIZE, and sched_setaffinity reads exactly one set.
+    let result = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if result != 0 {
+        return Err(EngineError::BindCpu {
+            cpu,
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
 impl Communicator {
     /// Joins the communicator `rendezvous` (a job-unique name) as `rank` of
     /// `nranks`. Returns once every rank has joined and the transport is up.
@@ -153,11 +188,16 @@ impl Communicator {
         if rank >= nranks {
             return Err(EngineError::RankOutOfRange { rank, nranks });
         }
+        if let Some(cpu) = options.bind_cpu {
+            bind_to_cpu(cpu)?;
+        }
         let in_flight = options.in_flight.max(1);
+        // Steps after the first that one chunk makes: 2(N−1) − 1 for all_reduce.
+        let relay_steps = (2 * nranks).saturating_sub(3).max(1);
         let requested = shm::page_aligned(WindowSizes {
-            slot_bytes: options.chunk_policy.max_chunk_bytes(),
+            slot_bytes: MESSAGE_HEADER_BYTES + options.chunk_policy.max_chunk_bytes(),
             raw_slots: in_flight + 1,
-            relay_slots: in_flight + 1,
+            relay_slots: (in_flight + 1) * relay_steps,
             one_shot_bytes: options.one_shot_read_budget,
         });
         let joined = if rank == 0 {
@@ -222,7 +262,7 @@ impl Communicator {
     /// chunk size is part of what the ranks check against each other.
     pub fn set_link(&mut self, link: Option<LinkFacts>) {
         self.options.link = link;
-        let slot_bytes = self.transport.sizes().slot_bytes;
+        let slot_bytes = self.transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
         self.chunk_bytes = self
             .options
             .chunk_policy
@@ -445,6 +485,38 @@ impl Communicator {
         }
     }
 
+    /// Compares the call stamped on a message from the predecessor with ours.
+    /// The stamp travels with the message, so this holds however many calls
+    /// ahead the predecessor has run (a broadcast chain lets it run ahead).
+    fn check_message_header(&self, window: *mut u8) -> Result<(), EngineError> {
+        let call = self
+            .current_call
+            .expect("messages are only received inside a call");
+        let mut header = [0u64; 4];
+        // SAFETY: the predecessor wrote this header before posting the slot,
+        // and does not touch the slot until we release it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(window.cast::<u64>().cast_const(), header.as_mut_ptr(), 4)
+        };
+        let peer_call = CallDescriptor::from_words([header[1], header[2], header[3]]);
+        if header[0] == self.calls && peer_call == Some(call) {
+            return Ok(());
+        }
+        // A stamp that does not decode can only come from a peer whose calls
+        // diverged from ours long ago; report it as its current call.
+        let peer = self.predecessor();
+        let peer_call = peer_call.unwrap_or(call);
+        Err(self
+            .transport
+            .abort(Failure::MismatchedCall {
+                rank: self.rank,
+                call,
+                peer,
+                peer_call,
+            })
+            .into())
+    }
+
     /// The rank at the end of the chain of ranks blocked on each other that
     /// starts at `peer`: the one actually not making progress.
     fn culprit(&self, peer: usize) -> usize {
@@ -476,9 +548,18 @@ impl Communicator {
             return Ok(());
         }
         let started = Instant::now();
-        while started.elapsed() < self.options.spin {
-            for _ in 0..64 {
+        // Poll back to back for a few microseconds (a peer on another core is
+        // usually about to post), then yield between polls: on an
+        // oversubscribed host the peer may be waiting for this very core.
+        loop {
+            let spun = started.elapsed();
+            if spun >= self.options.spin {
+                break;
+            }
+            if spun < EAGER_SPIN {
                 std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
             value = transport.load(owner, signal);
             if reached(value) {
@@ -578,12 +659,36 @@ impl Communicator {
         let window = self
             .transport
             .window(self.rank, Self::window_of(stream, sent % slots));
-        // SAFETY: the slot holds `slot_bytes` ≥ a chunk, is page aligned, and
-        // the successor has consumed what it held: until `post`, only we touch it.
-        Ok(unsafe { std::slice::from_raw_parts_mut(window.cast::<T>(), len) })
+        // SAFETY: the slot holds a header and `slot_bytes` − header ≥ a chunk,
+        // is page aligned, and the successor has consumed what it held: until
+        // `post`, only we touch it.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(window.add(MESSAGE_HEADER_BYTES).cast::<T>(), len)
+        })
     }
 
+    /// Stamps the slot filled since `send_slot` with the current call and
+    /// hands it to the successor.
     fn post(&mut self, stream: Stream) {
+        let sent = self.counts(stream).sent;
+        let window = self.transport.window(
+            self.rank,
+            Self::window_of(stream, sent % self.slots(stream)),
+        );
+        let call = self
+            .current_call
+            .expect("messages are only sent inside a call");
+        let header = [
+            self.calls,
+            call.to_words()[0],
+            call.to_words()[1],
+            call.to_words()[2],
+        ];
+        // SAFETY: the header occupies the slot's first MESSAGE_HEADER_BYTES,
+        // page aligned; the slot is ours until the store below publishes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), window.cast::<u64>(), header.len())
+        };
         let counts = self.counts(stream);
         counts.sent = counts.sent.wrapping_add(1);
         let sent = counts.sent;
@@ -602,18 +707,23 @@ impl Communicator {
         let received = self.counts(stream).received;
         let (posted, _) = Self::signals(stream);
         self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
-        if !self.predecessor_checked {
-            self.check_call(predecessor)?;
-            self.predecessor_checked = true;
-        }
         let window = self.transport.window(
             predecessor,
             Self::window_of(stream, received % self.slots(stream)),
         );
+        if !self.predecessor_checked {
+            self.check_message_header(window)?;
+            self.predecessor_checked = true;
+        }
         // SAFETY: the predecessor posted this slot and will not write it again
         // until we `release` it; it outlives the call (the mapping lives as long
         // as the transport, which outlives every call).
-        Ok(unsafe { std::slice::from_raw_parts(window.cast::<T>().cast_const(), len) })
+        Ok(unsafe {
+            std::slice::from_raw_parts(
+                window.add(MESSAGE_HEADER_BYTES).cast::<T>().cast_const(),
+                len,
+            )
+        })
     }
 
     fn release(&mut self, stream: Stream) {
@@ -628,9 +738,11 @@ impl Communicator {
     /// reduced along the ring so that rank s ends up owning it (reduce-scatter:
     /// at step k rank r sends segment r−1−k), then each segment travels once
     /// more around the ring (all-gather: at step k rank r sends segment r−k).
-    /// Chunks are pipelined: chunk c goes through every step before chunk c+1,
-    /// while the first step (which needs no input from a peer) runs
-    /// `in_flight` chunks ahead on its own stream.
+    /// Chunks are pipelined with `in_flight` = L chunks of slack per step:
+    /// message (step k, chunk c) is sent in iteration c + k·L and received in
+    /// the successor's iteration c + (k+1)·L, so a rank that is briefly
+    /// descheduled does not stall its neighbours until they run L chunks
+    /// ahead of it at every step.
     fn run_ring<T: Element>(
         &mut self,
         call: CallDescriptor,
@@ -689,23 +801,26 @@ impl Communicator {
         let chunk_elements = (call.chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
         let longest = (0..n).map(|s| segment(s).len()).max().unwrap_or(0);
         let chunks = longest.div_ceil(chunk_elements).max(1);
-        let ahead = self.options.in_flight;
+        let lag = self.options.in_flight;
         // The last reduce-scatter step, after which this rank owns a reduced segment.
         let last_reduce = match ring {
             RingCall::AllReduce(_) | RingCall::ReduceScatter(_) => Some(n - 2),
             RingCall::AllGather => None,
         };
-        for iteration in 0..chunks + ahead {
+        for iteration in 0..chunks + steps * lag {
             if iteration < chunks {
                 let range = clip(&input_range(sent_segment(r, 0)), iteration, chunk_elements);
                 let slot = self.send_slot::<T>(Stream::Raw, range.len())?;
                 slot.copy_from_slice(&buffers.input()[range]);
                 self.post(Stream::Raw);
             }
-            let Some(chunk) = iteration.checked_sub(ahead) else {
-                continue;
-            };
             for k in 0..steps {
+                let Some(chunk) = iteration.checked_sub((k + 1) * lag) else {
+                    break;
+                };
+                if chunk >= chunks {
+                    continue;
+                }
                 let stream = if k == 0 { Stream::Raw } else { Stream::Relay };
                 let s = sent_segment(self.predecessor(), k);
                 let full = clip(&segment(s), chunk, chunk_elements);

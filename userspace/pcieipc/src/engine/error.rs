@@ -78,6 +78,13 @@ pub enum EngineError {
         expected: usize,
     },
 
+    #[error("binding this rank to CPU {cpu}: {source}")]
+    BindCpu {
+        cpu: usize,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("broadcast root {root} is out of range for {nranks} ranks")]
     RootOutOfRange { root: usize, nranks: usize },
 }

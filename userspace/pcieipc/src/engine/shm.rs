@@ -51,8 +51,10 @@ struct RankStatus {
 struct RankControl {
     counters: [Counter; SIGNALS.len()],
     status: RankStatus,
-    /// Indexed by call parity: a rank is at most one call ahead of any peer
-    /// that has not finished the previous one, so two entries never race.
+    /// Indexed by call parity. A rank waiting on a peer in the one-shot path
+    /// finds the peer at most one call ahead; elsewhere (a broadcast chain) a
+    /// peer may run further ahead and reuse the entry, which readers detect
+    /// and then ignore: messages carry their own call stamp for that case.
     published: [PublishedCall; 2],
 }
 
@@ -383,7 +385,11 @@ impl Transport for ShmTransport {
     }
 
     fn publish_call(&self, seq: u64, call: CallDescriptor) {
+        // A seqlock: readers that see the sequence change under them discard
+        // what they read.
         let entry = &self.control(self.rank).published[(seq % 2) as usize];
+        entry.seq_plus_one.store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
         for (word, value) in entry.words.iter().zip(call.to_words()) {
             word.store(value, Ordering::Relaxed);
         }
@@ -396,6 +402,10 @@ impl Transport for ShmTransport {
             return None;
         }
         let words = [0, 1, 2].map(|at| entry.words[at].load(Ordering::Relaxed));
+        std::sync::atomic::fence(Ordering::Acquire);
+        if entry.seq_plus_one.load(Ordering::Relaxed) != seq + 1 {
+            return None;
+        }
         CallDescriptor::from_words(words)
     }
 

@@ -1,0 +1,101 @@
+/* MPI_Allreduce timed the way `pcieipc bench` (and nccl-tests'
+ * all_reduce_perf) times all_reduce, so scripts/bench-vs-mpi.sh can print the
+ * two side by side: float sum, sizes min..max by a factor, out of place and
+ * in place (MPI_IN_PLACE), time averaged over ranks, busbw = algbw * 2(n-1)/n.
+ *
+ *   mpi_allreduce MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP
+ *   mpi_allreduce --late-peer-ms MS
+ *
+ * The second form: rank 0 enters an 8-byte MPI_Allreduce MS milliseconds
+ * before the others and reports the CPU time it uses waiting.
+ */
+#define _GNU_SOURCE
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double thread_cpu_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static double time_allreduce(float *in, float *out, size_t count, int iters, int warmup, int in_place,
+			     int nranks)
+{
+	const void *send = in_place ? MPI_IN_PLACE : in;
+	float *recv = in_place ? in : out;
+	for (int i = 0; i < warmup; i++)
+		MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+	double start = MPI_Wtime();
+	for (int i = 0; i < iters; i++)
+		MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+	double seconds = (MPI_Wtime() - start) / iters, sum;
+	MPI_Allreduce(&seconds, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	return sum / nranks;
+}
+
+static int late_peer(int rank, long late_ms)
+{
+	double value = 1.0, result;
+	if (rank != 0)
+		usleep(late_ms * 1000);
+	double cpu = thread_cpu_ms(), start = MPI_Wtime();
+	MPI_Allreduce(&value, &result, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	double wall = (MPI_Wtime() - start) * 1e3;
+	cpu = thread_cpu_ms() - cpu;
+	if (rank == 0)
+		printf("# late peer: rank 0 waited %.1f ms for peers %ld ms late, using %.3f ms of CPU (MPI)\n",
+		       wall, late_ms, cpu);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int rank, nranks;
+	MPI_Init(&argc, &argv);
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+	if (argc == 3 && strcmp(argv[1], "--late-peer-ms") == 0) {
+		late_peer(rank, atol(argv[2]));
+		MPI_Finalize();
+		return 0;
+	}
+	if (argc != 6) {
+		if (rank == 0)
+			fprintf(stderr, "usage: %s MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP | --late-peer-ms MS\n",
+				argv[0]);
+		MPI_Finalize();
+		return 2;
+	}
+	size_t min_bytes = strtoull(argv[1], NULL, 0), max_bytes = strtoull(argv[2], NULL, 0);
+	size_t factor = strtoull(argv[3], NULL, 0);
+	int iters = atoi(argv[4]), warmup = atoi(argv[5]);
+	float *in = malloc(max_bytes + sizeof(float)), *out = malloc(max_bytes + sizeof(float));
+	if (!in || !out || factor < 2) {
+		fprintf(stderr, "mpi_allreduce: bad sizes or out of memory\n");
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	}
+	for (size_t i = 0; i < max_bytes / sizeof(float); i++)
+		in[i] = (float)((i * 7 + rank * 3) % 8);
+	if (rank == 0)
+		printf("#       size   oop time   oop busbw    ip time    ip busbw   (MPI_Allreduce, %d ranks)\n",
+		       nranks);
+	for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+		size_t count = bytes / sizeof(float);
+		double oop = time_allreduce(in, out, count, iters, warmup, 0, nranks);
+		double ip = time_allreduce(in, out, count, iters, warmup, 1, nranks);
+		double scale = 2.0 * (nranks - 1) / nranks, size = (double)(count * sizeof(float));
+		if (rank == 0)
+			printf("%12zu %10.2f %11.2f %10.2f %11.2f\n", count * sizeof(float), oop * 1e6,
+			       size / oop / 1e9 * scale, ip * 1e6, size / ip / 1e9 * scale);
+	}
+	free(in);
+	free(out);
+	MPI_Finalize();
+	return 0;
+}

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! A device the module drives, as the ioctls see it: its identity, its
+//! interrupt counters with their waiters, and its register BAR.
+//!
+//! One `BoundDevice` lives in an `Arc` shared by the PCI driver's data (which
+//! marks it gone on unbind), the IRQ handlers, the registry and any ioctl in
+//! flight, so an ioctl never touches freed memory; the hardware itself is
+//! reached only through the revocable `regs`, which unbind revokes.
+
+use kernel::{
+    io::Io,
+    new_condvar, new_spinlock_irq,
+    pci,
+    prelude::*,
+    sync::{CondVar, CondVarTimeoutResult, SpinLockIrq},
+    time::{msecs_to_jiffies, Jiffies},
+};
+
+use crate::uapi;
+
+/// Number of counters kept per device.
+pub(crate) const MAX_VECTORS: usize = uapi::PCIEIPC_MAX_VECTORS as usize;
+
+/// What the module knows how to drive (`pcieipc_device_kind`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeviceKind {
+    Generic,
+    Ivshmem,
+    Edu,
+}
+
+impl DeviceKind {
+    pub(crate) fn from_ids(vendor: u16, device: u16) -> Self {
+        match (vendor, device) {
+            (0x1af4, 0x1110) => DeviceKind::Ivshmem,
+            (0x1234, 0x11e8) => DeviceKind::Edu,
+            _ => DeviceKind::Generic,
+        }
+    }
+
+    pub(crate) fn as_uapi(self) -> u32 {
+        match self {
+            DeviceKind::Generic => uapi::PCIEIPC_KIND_GENERIC,
+            DeviceKind::Ivshmem => uapi::PCIEIPC_KIND_IVSHMEM,
+            DeviceKind::Edu => uapi::PCIEIPC_KIND_EDU,
+        }
+    }
+}
+
+/// One BAR as probe found it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BarInfo {
+    /// Bus-independent physical start (what `remap_pfn_range` takes).
+    pub(crate) start: u64,
+    pub(crate) size: u64,
+    /// `PCIEIPC_BAR_*` flags.
+    pub(crate) flags: u32,
+}
+
+/// The identity of a device, fixed at probe.
+pub(crate) struct DeviceInfo {
+    pub(crate) bdf: u32,
+    pub(crate) upstream_bdf: u32,
+    pub(crate) vendor: u16,
+    pub(crate) device: u16,
+    pub(crate) class_code: u32,
+    pub(crate) kind: DeviceKind,
+    pub(crate) irq_type: u32,
+    pub(crate) num_vectors: usize,
+    pub(crate) link_speed: u16,
+    pub(crate) link_width: u16,
+    pub(crate) peer_id: u32,
+    pub(crate) bars: [BarInfo; uapi::PCIEIPC_NUM_BARS as usize],
+}
+
+/// Interrupt counters and device state, shared with the hard IRQ handlers.
+struct Events {
+    counts: [u64; MAX_VECTORS],
+    /// `pcieipc_device_state`.
+    state: u32,
+}
+
+/// The register BAR of an ivshmem or edu device (BAR0), revoked on unbind.
+pub(crate) type RegisterBar = pci::DevresBar;
+
+#[pin_data]
+pub(crate) struct BoundDevice {
+    /// The handle userspace passes to every ioctl.
+    pub(crate) index: u32,
+    pub(crate) info: DeviceInfo,
+    /// BAR0, for the kinds whose registers the module drives.
+    pub(crate) regs: Option<RegisterBar>,
+    #[pin]
+    events: SpinLockIrq<Events>,
+    /// Notified on every interrupt and on every state change.
+    #[pin]
+    changed: CondVar,
+}
+
+impl BoundDevice {
+    pub(crate) fn new(
+        index: u32,
+        info: DeviceInfo,
+        regs: Option<RegisterBar>,
+    ) -> impl PinInit<Self, Error> {
+        try_pin_init!(Self {
+            index,
+            info,
+            regs,
+            events <- new_spinlock_irq!(Events {
+                counts: [0; MAX_VECTORS],
+                state: uapi::PCIEIPC_STATE_BOUND,
+            }),
+            changed <- new_condvar!(),
+        })
+    }
+
+    /// Called by the hard IRQ handler of `vector`: counts the interrupt and
+    /// wakes every waiter (all of them: each checks its own vector).
+    pub(crate) fn interrupt(&self, vector: usize) {
+        if self.info.kind == DeviceKind::Edu {
+            self.acknowledge_edu();
+        }
+        let mut events = self.events.lock();
+        if let Some(count) = events.counts.get_mut(vector) {
+            *count += 1;
+        }
+        drop(events);
+        self.changed.notify_all();
+    }
+
+    /// edu keeps its interrupt raised until the status bits are written back
+    /// to its acknowledge register.
+    fn acknowledge_edu(&self) {
+        const EDU_IRQ_STATUS: usize = 0x24;
+        const EDU_IRQ_ACK: usize = 0x64;
+        if let Some(bar) = self.regs.as_ref().and_then(|regs| regs.try_access()) {
+            if let Ok(status) = bar.try_read32(EDU_IRQ_STATUS) {
+                let _ = bar.try_write32(status, EDU_IRQ_ACK);
+            }
+        }
+    }
+
+    /// Marks the device gone (unbind) and wakes every waiter.
+    pub(crate) fn mark_gone(&self) {
+        self.events.lock().state = uapi::PCIEIPC_STATE_GONE;
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn state(&self) -> u32 {
+        self.events.lock().state
+    }
+
+    /// Fails with the errno of a device that cannot be used.
+    pub(crate) fn check_usable(&self) -> Result {
+        state_errno(self.state())
+    }
+
+    /// The counts of the device's vectors.
+    pub(crate) fn counters(&self) -> [u64; MAX_VECTORS] {
+        self.events.lock().counts
+    }
+
+    /// Blocks until the count of `vector` exceeds `last_seen` and returns it,
+    /// or fails: `ETIMEDOUT`, `EINTR` (signal), `ENODEV` (gone), `EIO`
+    /// (frozen). The check and the sleep happen under the lock the IRQ
+    /// handler takes, so no interrupt is missed between them.
+    pub(crate) fn wait(&self, vector: usize, last_seen: u64, timeout_ms: u32) -> Result<u64> {
+        if vector >= self.info.num_vectors {
+            return Err(EINVAL);
+        }
+        let mut remaining: Jiffies = if timeout_ms == uapi::PCIEIPC_WAIT_FOREVER {
+            // Larger than MAX_SCHEDULE_TIMEOUT: the condvar then sleeps without a limit.
+            Jiffies::MAX
+        } else {
+            msecs_to_jiffies(timeout_ms)
+        };
+        let mut events = self.events.lock();
+        loop {
+            state_errno(events.state)?;
+            let count = events.counts[vector];
+            if count > last_seen {
+                return Ok(count);
+            }
+            if remaining == 0 {
+                return Err(ETIMEDOUT);
+            }
+            remaining = match self.changed.wait_interruptible_timeout(&mut events, remaining) {
+                CondVarTimeoutResult::Timeout => 0,
+                CondVarTimeoutResult::Woken { jiffies } => jiffies,
+                CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
+            };
+        }
+    }
+}
+
+fn state_errno(state: u32) -> Result {
+    match state {
+        uapi::PCIEIPC_STATE_BOUND => Ok(()),
+        uapi::PCIEIPC_STATE_FROZEN => Err(EIO),
+        _ => Err(ENODEV),
+    }
+}

@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The PCI driver: binds ivshmem-doorbell and edu through its ID table, and
+//! any device handed to it through `new_id` or `driver_override`.
+//!
+//! Probe enables memory space and bus mastering, maps the register BAR of the
+//! kinds the module drives, allocates interrupt vectors with a counting
+//! handler on each, and publishes the device in the registry; unbind marks it
+//! gone, which wakes its waiters with `ENODEV`.
+
+use kernel::{
+    device::{Bound, Core},
+    io::Io,
+    irq::{self, IrqReturn},
+    pci,
+    prelude::*,
+    sync::Arc,
+};
+
+use crate::{
+    bound_device::{BoundDevice, DeviceInfo, DeviceKind, RegisterBar, MAX_VECTORS},
+    irq_vectors::IrqVectors,
+    pci_info, registry, uapi,
+};
+
+pub(crate) struct PcieIpcDriver;
+
+/// Which table entry matched: the edu entry matches a class, so probe checks
+/// the IDs.
+pub(crate) enum Match {
+    /// Vendor and device matched (ivshmem-doorbell), or new_id/driver_override.
+    Ids,
+    /// QEMU's class "other" (0x00ff00): only edu is taken, unless the device
+    /// was handed over through driver_override.
+    EduClass,
+}
+
+kernel::pci_device_table!(
+    PCI_TABLE,
+    <PcieIpcDriver as pci::Driver>::IdInfo,
+    [
+        (
+            pci::DeviceId::from_id(pci::Vendor::REDHAT_QUMRANET, 0x1110),
+            Match::Ids
+        ),
+        // QEMU's vendor 0x1234 has no pci_ids.h constant for `from_id`.
+        (pci::DeviceId::from_class(0x00ff00, 0xffffff), Match::EduClass),
+    ]
+);
+
+/// The hard IRQ handler of one vector.
+pub(crate) struct VectorHandler {
+    device: Arc<BoundDevice>,
+    vector: usize,
+}
+
+impl irq::Handler for VectorHandler {
+    fn handle(&self) -> IrqReturn {
+        self.device.interrupt(self.vector);
+        IrqReturn::Handled
+    }
+}
+
+pub(crate) struct DriverData<'bound> {
+    device: Arc<BoundDevice>,
+    _irqs: Option<IrqVectors<'bound, VectorHandler>>,
+}
+
+impl pci::Driver for PcieIpcDriver {
+    type IdInfo = Match;
+    type Data<'bound> = DriverData<'bound>;
+
+    const ID_TABLE: pci::IdTable<Self::IdInfo> = &PCI_TABLE;
+
+    fn probe<'bound>(
+        pdev: &'bound pci::Device<Core<'_>>,
+        info: Option<&'bound Self::IdInfo>,
+    ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
+        let vendor = pdev.vendor_id().as_raw();
+        let kind = DeviceKind::from_ids(vendor, pdev.device_id());
+        if matches!(info, Some(Match::EduClass))
+            && kind != DeviceKind::Edu
+            && !pci_info::has_driver_override(pdev)
+        {
+            return Err(ENODEV);
+        }
+        pdev.enable_device_mem()?;
+        pdev.set_master();
+        if kind == DeviceKind::Edu {
+            // edu's DMA engine addresses 32 bits (and the testbed kernel has
+            // no ZONE_DMA for smaller masks).
+            // SAFETY: no DMA allocation or mapping exists yet for this device.
+            unsafe {
+                kernel::dma::Device::dma_set_mask_and_coherent(
+                    pdev,
+                    kernel::dma::DmaMask::new::<32>(),
+                )
+            }?;
+        }
+        let bound: &'bound pci::Device<Bound> = pdev;
+        let regs: Option<RegisterBar> = match kind {
+            DeviceKind::Generic => None,
+            DeviceKind::Ivshmem | DeviceKind::Edu => {
+                Some(bound.iomap_region(0, c"pcieipc")?.into_devres()?)
+            }
+        };
+        // A device handed over through driver_override may have no
+        // interrupt at all: it is still bound, with no vectors to wait on.
+        let mut irqs = match IrqVectors::allocate(bound, MAX_VECTORS as u32) {
+            Ok(irqs) => Some(irqs),
+            Err(e) if kind == DeviceKind::Generic => {
+                dev_info!(pdev, "pcieipc: no interrupt vectors ({:?})\n", e);
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let peer_id = match (kind, &regs) {
+            (DeviceKind::Ivshmem, Some(regs)) => {
+                const IVSHMEM_IVPOSITION: usize = 0x08;
+                regs.access(bound.as_ref())?.try_read32(IVSHMEM_IVPOSITION)?
+            }
+            _ => uapi::PCIEIPC_NO_PEER_ID,
+        };
+        let (upstream_bdf, link_speed, link_width) = pci_info::upstream_link(bound);
+        let device_info = DeviceInfo {
+            bdf: pci_info::bdf(bound),
+            upstream_bdf,
+            vendor,
+            device: pdev.device_id(),
+            class_code: pdev.pci_class().as_raw(),
+            kind,
+            irq_type: irqs.as_ref().map_or(uapi::PCIEIPC_IRQ_NONE, |irqs| irqs.irq_type()),
+            num_vectors: irqs.as_ref().map_or(0, |irqs| irqs.len()),
+            link_speed,
+            link_width,
+            peer_id,
+            bars: pci_info::bars(bound, regs.as_ref().map(|_| 0)),
+        };
+        let device = Arc::pin_init(
+            BoundDevice::new(registry::next_index(), device_info, regs),
+            GFP_KERNEL,
+        )?;
+        if let Some(irqs) = irqs.as_mut() {
+            irqs.request_all(|vector| VectorHandler {
+                device: device.clone(),
+                vector,
+            })?;
+        }
+        registry::add(device.clone())?;
+        dev_info!(
+            pdev,
+            "pcieipc: device {} bound ({} interrupt vectors)\n",
+            device.index,
+            device.info.num_vectors
+        );
+        Ok(DriverData {
+            device,
+            _irqs: irqs,
+        })
+    }
+
+    fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
+        this.device.mark_gone();
+    }
+}

@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What LIST reports about a device that 7.3's `pci::Device` does not expose:
+//! BDF, BAR flags, the upstream bridge and its link status. Read once at
+//! probe through the raw `struct pci_dev`, in this one place.
+
+use kernel::{bindings, device::Bound, io::Io, pci};
+
+use crate::{bound_device::BarInfo, uapi};
+
+/// The raw `struct pci_dev` behind `pdev`.
+fn raw(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
+    // `pci::Device` is `repr(transparent)` over `Opaque<bindings::pci_dev>`,
+    // whose `UnsafeCell` allows writes through the pointer.
+    core::ptr::from_ref(pdev).cast_mut().cast()
+}
+
+/// `domain << 16 | bus << 8 | devfn` of `dev`, or `PCIEIPC_NO_UPSTREAM`.
+fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
+    if dev.is_null() {
+        return uapi::PCIEIPC_NO_UPSTREAM;
+    }
+    // SAFETY: `dev` is a live `pci_dev`: the caller's bound device or the
+    // bridge above it, which outlives it; `bus` is set for every device, and
+    // the device name ("DDDD:BB:DD.F") is set before the device is added.
+    let (bus, devfn, name) = unsafe {
+        let name = core::ffi::CStr::from_ptr((*dev).dev.kobj.name.cast());
+        ((*(*dev).bus).number, (*dev).devfn, name.to_bytes())
+    };
+    // pci_domain_nr() is arch-specific and inline: the domain is the name's
+    // first, hexadecimal, field.
+    let domain = name
+        .iter()
+        .take_while(|&&c| c != b':')
+        .filter_map(|&c| (c as char).to_digit(16))
+        .fold(0u32, |acc, digit| (acc << 4) | digit);
+    (domain << 16) | (u32::from(bus) << 8) | (devfn & 0xff)
+}
+
+pub(crate) fn bdf(pdev: &pci::Device<Bound>) -> u32 {
+    bdf_of(raw(pdev))
+}
+
+/// The BDF of the bridge above `pdev`, and the link status it reports:
+/// (upstream BDF, speed code, width).
+pub(crate) fn upstream_link(pdev: &pci::Device<Bound>) -> (u32, u16, u16) {
+    // SAFETY: `bus` is set for every device; `self_` is its bridge or null.
+    let bridge = unsafe { (*(*raw(pdev)).bus).self_ };
+    if bridge.is_null() {
+        return (uapi::PCIEIPC_NO_UPSTREAM, 0, 0);
+    }
+    let mut lnksta: u16 = 0;
+    // SAFETY: `bridge` is a live `pci_dev` (a parent outlives its children);
+    // the function checks that it has a PCIe capability and fails otherwise.
+    let ret = unsafe {
+        bindings::pcie_capability_read_word(bridge, bindings::PCI_EXP_LNKSTA as i32, &mut lnksta)
+    };
+    if ret != 0 {
+        return (bdf_of(bridge), 0, 0);
+    }
+    let speed = lnksta & bindings::PCI_EXP_LNKSTA_CLS as u16;
+    let width = (lnksta & bindings::PCI_EXP_LNKSTA_NLW as u16) >> 4;
+    (bdf_of(bridge), speed, width)
+}
+
+/// The BARs that hold the MSI-X table and pending-bit array: never mapped
+/// into userspace (a process could retarget the interrupts), as in VFIO.
+fn msix_bars(pdev: &pci::Device<Bound>) -> [Option<usize>; 2] {
+    // SAFETY: `raw(pdev)` is the live, bound `pci_dev`.
+    let cap = unsafe { bindings::pci_find_capability(raw(pdev), bindings::PCI_CAP_ID_MSIX as i32) };
+    if cap == 0 {
+        return [None, None];
+    }
+    let config = pdev.config_space();
+    let bir = |reg: u32| {
+        config
+            .try_read32(usize::from(cap) + reg as usize)
+            .ok()
+            .map(|v| (v & bindings::PCI_MSIX_TABLE_BIR) as usize)
+    };
+    [bir(bindings::PCI_MSIX_TABLE), bir(bindings::PCI_MSIX_PBA)]
+}
+
+/// Start, size and `PCIEIPC_BAR_*` flags of every standard BAR. BAR
+/// `registers`, which the module drives itself, is not offered to mmap.
+pub(crate) fn bars(
+    pdev: &pci::Device<Bound>,
+    registers: Option<usize>,
+) -> [BarInfo; uapi::PCIEIPC_NUM_BARS as usize] {
+    let mut bars = [BarInfo::default(); uapi::PCIEIPC_NUM_BARS as usize];
+    let msix = msix_bars(pdev);
+    for (index, bar) in bars.iter_mut().enumerate() {
+        let size = pdev.resource_len(index as u32).unwrap_or(0);
+        if size == 0 {
+            continue;
+        }
+        // SAFETY: `index` < PCIEIPC_NUM_BARS (6) < the 17 resources of a pci_dev.
+        let res_flags = unsafe { (*raw(pdev)).resource[index].flags } as u32;
+        let mut flags = 0;
+        if res_flags & bindings::IORESOURCE_MEM != 0 {
+            flags |= uapi::PCIEIPC_BAR_MEM;
+            let private = registers == Some(index) || msix.contains(&Some(index));
+            if size >= kernel::page::PAGE_SIZE as u64 && !private {
+                flags |= uapi::PCIEIPC_BAR_MMAP;
+            }
+        }
+        if res_flags & bindings::IORESOURCE_IO != 0 {
+            flags |= uapi::PCIEIPC_BAR_IO;
+        }
+        if res_flags & bindings::IORESOURCE_MEM_64 != 0 {
+            flags |= uapi::PCIEIPC_BAR_64BIT;
+        }
+        if res_flags & bindings::IORESOURCE_PREFETCH != 0 {
+            flags |= uapi::PCIEIPC_BAR_PREFETCH;
+        }
+        *bar = BarInfo {
+            start: pdev.resource_start(index as u32).unwrap_or(0),
+            size,
+            flags,
+        };
+    }
+    bars
+}
+
+/// Whether an administrator handed `pdev` to a driver through sysfs
+/// `driver_override` (probe then runs for it whatever the ID table says).
+pub(crate) fn has_driver_override(pdev: &pci::Device<Bound>) -> bool {
+    // SAFETY: `dev` is embedded in the live `pci_dev`; only the pointer's
+    // nullness is read (device_has_driver_override() takes the spinlock to
+    // read the name; its presence alone needs no lock during probe, as the
+    // driver core already matched on it).
+    let name = unsafe {
+        core::ptr::read_volatile(core::ptr::addr_of!((*raw(pdev)).dev.driver_override.name))
+    };
+    !name.is_null()
+}

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! pcieipc: PCIe peer-to-peer IPC for AllReduce.
+//!
+//! Registers the misc device `/dev/pcieipc`, whose ABI is `include/uapi/pcieipc.h`.
+
+use kernel::{
+    driver,
+    miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
+    pci,
+    prelude::*,
+};
+
+mod bar_mmap;
+mod bound_device;
+mod chardev;
+mod device_ioctls;
+mod events;
+mod fault;
+mod irq_vectors;
+mod link;
+mod pci_driver;
+mod pci_function;
+mod pci_info;
+mod poll;
+mod registry;
+mod uapi;
+mod watch;
+
+module! {
+    type: PcieIpcModule,
+    name: "pcieipc",
+    authors: ["pcieipc developers"],
+    description: "PCIe peer-to-peer IPC: BAR windows, interrupt waits, DMA, AER events, link control",
+    license: "GPL",
+}
+
+/// The module version reported by `PCIEIPC_IOC_VERSION`; the userspace
+/// packages carry the same version (checked by the testbed's guest test).
+pub(crate) const MODULE_VERSION: &CStr = c"0.1.0";
+
+#[pin_data(PinnedDrop)]
+struct PcieIpcModule {
+    #[pin]
+    _chardev: MiscDeviceRegistration<chardev::PcieIpcFile>,
+    /// Declared last, so unregistered (every device unbound) last.
+    #[pin]
+    _driver: driver::Registration<pci::Adapter<pci_driver::PcieIpcDriver>>,
+}
+
+impl kernel::InPlaceModule for PcieIpcModule {
+    fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        pr_info!("pcieipc {} loaded\n", MODULE_VERSION);
+        // SAFETY: called once, before the driver and the misc device exist.
+        unsafe { registry::init() };
+        // Before the misc device: opening it needs the event log.
+        let fault_state = fault::init();
+        try_pin_init!(Self {
+            _: {
+                fault_state?;
+            },
+            _chardev <- MiscDeviceRegistration::register(MiscDeviceOptions {
+                name: c"pcieipc",
+            }),
+            _driver <- driver::Registration::new(c"pcieipc", module),
+        })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for PcieIpcModule {
+    fn drop(self: Pin<&mut Self>) {
+        fault::exit();
+    }
+}

@@ -1,0 +1,541 @@
+//! The probe on the committed fixtures: the DGX-like 8-GPU tree (synthetic,
+//! with a degraded link, a sub-healthy GPU, ACS redirect on one switch, an
+//! idle GPU and a small BAR) and the capture of the development VM (virtio
+//! devices, no link attributes).
+
+#[path = "../../../tests/fixtures/sysfs/generator.rs"]
+mod generator;
+
+use pcieipc::plan::{CostModel, RingMethod};
+use pcieipc::probe::{
+    Bdf, DeviceKind, FindingKind, HealthModel, LinkSpeed, LinkState, PathClass, PeerRoute,
+    ProbeReport, Severity, Topology,
+};
+
+fn probe(name: &str) -> Topology {
+    Topology::from_sysfs_root(&generator::fixture_root(name), HealthModel::default()).unwrap()
+}
+
+fn bdf(text: &str) -> Bdf {
+    text.parse().unwrap()
+}
+
+fn index(topology: &Topology, text: &str) -> usize {
+    topology.find(bdf(text)).unwrap()
+}
+
+fn validate_against_schema(report: &ProbeReport) {
+    let schema_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../docs/schemas/probe-v1.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(schema_path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let instance = serde_json::to_value(report).unwrap();
+    assert_eq!(instance["schema_version"], 1);
+    let errors: Vec<String> = validator
+        .iter_errors(&instance)
+        .map(|error| format!("{} at {}", error, error.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema violations: {errors:#?}");
+}
+
+const DGX_GPUS: [&str; 8] = [
+    "0000:05:00.0",
+    "0000:06:00.0",
+    "0000:0a:00.0",
+    "0000:0b:00.0",
+    "0000:85:00.0",
+    "0000:86:00.0",
+    "0000:8a:00.0",
+    "0000:8b:00.0",
+];
+
+/// 16 GT/s lane after 128b/130b, in GB/s.
+const GEN4_LANE: f64 = 16.0 * 128.0 / 130.0 / 8.0;
+
+#[test]
+fn dgx8_tree_has_two_switch_levels_under_each_socket() {
+    let topology = probe("dgx8");
+    assert_eq!(topology.devices.len(), 38);
+    let bridges: Vec<(&str, Option<u32>)> = topology
+        .host_bridges
+        .iter()
+        .map(|bridge| (bridge.name.as_str(), bridge.numa_node))
+        .collect();
+    assert_eq!(bridges, [("pci0000:00", Some(0)), ("pci0000:80", Some(1))]);
+    let kind = |text: &str| topology.devices[index(&topology, text)].kind;
+    assert_eq!(kind("0000:00:00.0"), DeviceKind::Endpoint);
+    assert_eq!(kind("0000:00:01.0"), DeviceKind::RootPort);
+    assert_eq!(kind("0000:01:00.0"), DeviceKind::SwitchUpstreamPort);
+    assert_eq!(kind("0000:02:01.0"), DeviceKind::SwitchDownstreamPort);
+    assert_eq!(kind("0000:08:00.0"), DeviceKind::SwitchUpstreamPort);
+    assert_eq!(kind("0000:09:00.0"), DeviceKind::SwitchDownstreamPort);
+    let gpu2 = index(&topology, "0000:0a:00.0");
+    assert_eq!(topology.devices[gpu2].depth, 5);
+    let chain: Vec<String> =
+        std::iter::successors(topology.parent(gpu2), |&up| topology.parent(up))
+            .map(|up| topology.devices[up].bdf.to_string())
+            .collect();
+    assert_eq!(
+        chain,
+        [
+            "0000:09:00.0",
+            "0000:08:00.0",
+            "0000:02:01.0",
+            "0000:01:00.0",
+            "0000:00:01.0"
+        ]
+    );
+    let gpus: Vec<String> = topology
+        .gpus()
+        .iter()
+        .map(|&gpu| topology.devices[gpu].bdf.to_string())
+        .collect();
+    assert_eq!(gpus, DGX_GPUS);
+    let gpu0 = &topology.devices[index(&topology, "0000:05:00.0")];
+    assert_eq!(gpu0.driver.as_deref(), Some("nvidia"));
+    assert_eq!(gpu0.numa_node, Some(0));
+    assert_eq!(gpu0.local_cpulist.as_deref(), Some("0-31,64-95"));
+    assert_eq!(gpu0.iommu_group, Some(12));
+    assert_eq!(gpu0.config_bytes_readable, 4096);
+    // The host bridge function is root complex integrated: no link.
+    assert!(topology
+        .link_above(index(&topology, "0000:00:00.0"))
+        .is_none());
+    // Inside a switch there is no physical link.
+    assert!(topology
+        .link_above(index(&topology, "0000:02:00.0"))
+        .is_none());
+}
+
+#[test]
+fn dgx8_links_from_both_attribute_formats_and_config_space() {
+    let topology = probe("dgx8");
+    // The NVMe drives print the older "16 GT/s" format.
+    let nvme = topology
+        .link_above(index(&topology, "0000:0c:00.0"))
+        .unwrap();
+    assert_eq!(
+        (
+            nvme.current_speed,
+            nvme.current_width,
+            nvme.max_speed,
+            nvme.max_width
+        ),
+        (
+            Some(LinkSpeed::Gt16),
+            Some(4),
+            Some(LinkSpeed::Gt16),
+            Some(4)
+        )
+    );
+    assert_eq!(nvme.state, LinkState::Full);
+    assert_eq!(nvme.upstream, index(&topology, "0000:02:02.0"));
+    // Target speed only comes from LnkCtl2 of the port above.
+    assert_eq!(nvme.target_speed, Some(LinkSpeed::Gt16));
+    let gpu0 = topology
+        .link_above(index(&topology, "0000:05:00.0"))
+        .unwrap();
+    assert!((gpu0.current_bandwidth_gbps().unwrap() - 16.0 * GEN4_LANE).abs() < 1e-9);
+}
+
+#[test]
+fn dgx8_degraded_link_is_reported() {
+    let topology = probe("dgx8");
+    let switch = index(&topology, "0000:08:00.0");
+    let link = topology.link_above(switch).unwrap();
+    assert_eq!(link.state, LinkState::Degraded);
+    assert_eq!((link.current_width, link.max_width), (Some(8), Some(16)));
+    let degraded: Vec<usize> = (0..topology.links.len())
+        .filter(|&link| topology.links[link].state == LinkState::Degraded)
+        .map(|link| topology.links[link].downstream)
+        .collect();
+    assert_eq!(degraded, [switch]);
+
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let findings: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::DegradedLink)
+        .collect();
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].severity, Severity::Error);
+    assert_eq!(findings[0].device, Some(bdf("0000:08:00.0")));
+    assert!(
+        findings[0]
+            .evidence
+            .contains("current 16.0 GT/s x8, capable 16.0 GT/s x16"),
+        "{}",
+        findings[0].evidence
+    );
+    assert!(
+        findings[0].evidence.contains("LnkSta@0x72=0x0084"),
+        "{}",
+        findings[0].evidence
+    );
+    assert_eq!(report.worst_severity(), Some(Severity::Error));
+
+    // GPU2 and GPU3 sit behind it.
+    for gpu in [2, 3] {
+        let to_root = report.gpus[gpu].bottleneck_to_root.as_ref().unwrap();
+        assert_eq!(to_root.link_above, bdf("0000:08:00.0"));
+        assert!((to_root.bandwidth_gbps - 8.0 * GEN4_LANE).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn dgx8_idle_gpu_link_is_not_called_degraded() {
+    let topology = probe("dgx8");
+    let link = topology
+        .link_above(index(&topology, "0000:8b:00.0"))
+        .unwrap();
+    assert_eq!(link.state, LinkState::IdleDownshiftLikely);
+    assert_eq!(link.current_speed, Some(LinkSpeed::Gt2_5));
+    assert!((link.current_bandwidth_gbps().unwrap() - 4.0).abs() < 1e-9);
+    assert!((link.effective_bandwidth_gbps().unwrap() - 16.0 * GEN4_LANE).abs() < 1e-9);
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let idle: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::IdleDownshiftLikely)
+        .collect();
+    assert_eq!(idle.len(), 1);
+    assert_eq!(
+        (idle[0].severity, idle[0].device),
+        (Severity::Info, Some(bdf("0000:8b:00.0")))
+    );
+}
+
+#[test]
+fn dgx8_sub_healthy_gpu_is_reported() {
+    let topology = probe("dgx8");
+    let gpu6 = index(&topology, "0000:8a:00.0");
+    let device = &topology.devices[gpu6];
+    assert_eq!(device.aer.correctable.as_ref().unwrap().total, 90_000);
+    assert_eq!(device.aer.nonfatal.as_ref().unwrap().total, 3);
+    assert_eq!(device.aer.fatal.as_ref().unwrap().total, 0);
+    assert!((device.health.unwrap() - 0.91 * 0.9997).abs() < 1e-12);
+    let sub_healthy: Vec<usize> = (0..topology.devices.len())
+        .filter(|&d| topology.is_sub_healthy(d))
+        .collect();
+    assert_eq!(sub_healthy, [gpu6]);
+    // The link above it carries the lower score of its two ends.
+    assert!((topology.link_above(gpu6).unwrap().health.unwrap() - 0.91 * 0.9997).abs() < 1e-12);
+    let root_port = &topology.devices[index(&topology, "0000:80:01.0")];
+    assert_eq!(root_port.aer.rootport_total_correctable, Some(12));
+
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    assert!(report.gpus[6].sub_healthy);
+    let findings: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::SubHealthy)
+        .collect();
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].device, Some(bdf("0000:8a:00.0")));
+    assert!(
+        findings[0].evidence.contains("TOTAL_ERR_COR=90000"),
+        "{}",
+        findings[0].evidence
+    );
+    assert!(
+        findings[0].evidence.contains("RxErr 80000"),
+        "{}",
+        findings[0].evidence
+    );
+
+    // A laxer model makes it healthy again.
+    let lax = HealthModel {
+        sub_healthy_below: 0.9,
+        ..HealthModel::default()
+    };
+    let topology = Topology::from_sysfs_root(&generator::fixture_root("dgx8"), lax).unwrap();
+    assert!(!topology.is_sub_healthy(gpu6));
+}
+
+#[test]
+fn dgx8_acs_redirect_on_one_switch_is_found() {
+    let topology = probe("dgx8");
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let ports: Vec<Option<Bdf>> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::AcsRedirect)
+        .map(|finding| finding.device)
+        .collect();
+    assert_eq!(
+        ports,
+        [Some(bdf("0000:84:00.0")), Some(bdf("0000:84:01.0"))]
+    );
+    let finding = report
+        .findings
+        .iter()
+        .find(|finding| finding.kind == FindingKind::AcsRedirect)
+        .unwrap();
+    assert_eq!(finding.severity, Severity::Warning);
+    assert!(
+        finding.evidence.contains("ACS Control @0x14e=0x001d"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.evidence.contains("ReqRedir+ CmpltRedir+"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.evidence.contains("0000:85:00.0-0000:86:00.0"),
+        "{}",
+        finding.evidence
+    );
+    assert!(finding
+        .action
+        .contains("pci=disable_acs_redir=0000:84:00.0"));
+
+    let pair = |a: usize, b: usize| {
+        report
+            .gpu_pairs
+            .iter()
+            .find(|pair| (pair.a, pair.b) == (a, b))
+            .unwrap()
+    };
+    assert_eq!(pair(4, 5).p2p_route, PeerRoute::AcsRedirected);
+    assert_eq!(
+        pair(4, 5).acs_redirecting_ports,
+        [bdf("0000:84:00.0"), bdf("0000:84:01.0")]
+    );
+    assert_eq!(pair(0, 1).p2p_route, PeerRoute::Switch);
+    assert_eq!(pair(6, 7).p2p_route, PeerRoute::Switch);
+    assert_eq!(pair(0, 4).p2p_route, PeerRoute::RootComplex);
+    // Redirected traffic also climbs the switch's upstream links: modelled
+    // as PHB over the links up to the root port.
+    assert!(pair(4, 5).model_bandwidth_gbps < pair(6, 7).model_bandwidth_gbps);
+}
+
+#[test]
+fn dgx8_pair_classes_hops_and_bottlenecks() {
+    let topology = probe("dgx8");
+    let gpu = |n: usize| index(&topology, DGX_GPUS[n]);
+    let path = |a: usize, b: usize| topology.path_between(gpu(a), gpu(b));
+    let cases = [
+        (0, 1, PathClass::Pix, 2, "0000:05:00.0", 16.0),
+        (2, 3, PathClass::Pix, 2, "0000:0a:00.0", 16.0),
+        (0, 2, PathClass::Pxb, 4, "0000:08:00.0", 8.0),
+        (4, 7, PathClass::Pxb, 4, "0000:85:00.0", 16.0),
+        (0, 4, PathClass::Sys, 6, "0000:05:00.0", 16.0),
+        (3, 6, PathClass::Sys, 6, "0000:08:00.0", 8.0),
+    ];
+    for (a, b, class, hops, bottleneck, lanes) in cases {
+        let found = path(a, b);
+        assert_eq!(found.class, class, "GPU{a}-GPU{b}");
+        assert_eq!(found.hops(), hops, "GPU{a}-GPU{b}");
+        let (link, bandwidth) = found.bottleneck.unwrap();
+        assert_eq!(
+            topology.devices[topology.links[link].downstream].bdf,
+            bdf(bottleneck),
+            "GPU{a}-GPU{b}"
+        );
+        assert!(
+            (bandwidth - lanes * GEN4_LANE).abs() < 1e-9,
+            "GPU{a}-GPU{b}"
+        );
+        assert_eq!(found.unknown_links, 0);
+    }
+    // The idle GPU7 counts at its full speed.
+    assert!((path(6, 7).bottleneck.unwrap().1 - 16.0 * GEN4_LANE).abs() < 1e-9);
+    // GPU6 is on the path: its health is the path's.
+    assert!((path(6, 7).health.unwrap() - 0.91 * 0.9997).abs() < 1e-12);
+    assert_eq!(path(0, 1).health, Some(1.0));
+    // The two ports of the NIC's switch and the host bridge path.
+    let nvme = index(&topology, "0000:0c:00.0");
+    assert_eq!(topology.path_between(gpu(0), nvme).class, PathClass::Pxb);
+    let host_function = index(&topology, "0000:00:00.0");
+    assert_eq!(
+        topology.path_between(gpu(0), host_function).class,
+        PathClass::Phb
+    );
+}
+
+#[test]
+fn dgx8_small_bar_and_iommu_groups() {
+    let topology = probe("dgx8");
+    let gpu1 = &topology.devices[index(&topology, "0000:06:00.0")];
+    let rebar = gpu1.resizable_bars.as_ref().unwrap();
+    assert_eq!(rebar.entries[0].bar_index, 1);
+    assert_eq!(rebar.entries[0].current_size_bytes, 256 << 20);
+    assert_eq!(rebar.entries[0].max_supported_bytes(), Some(64 << 30));
+    let bar1 = gpu1
+        .bars
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|bar| bar.index == 1)
+        .unwrap();
+    assert_eq!(bar1.size_bytes, 256 << 20);
+    assert!(bar1.prefetchable && bar1.is_64bit);
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let small: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::SmallBar)
+        .collect();
+    assert_eq!(small.len(), 1);
+    assert_eq!(small[0].device, Some(bdf("0000:06:00.0")));
+    assert!(
+        small[0]
+            .evidence
+            .contains("BAR1 is 256 MiB but supports up to 64 GiB"),
+        "{}",
+        small[0].evidence
+    );
+    let groups: Vec<Option<Bdf>> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::IommuGroupShared)
+        .map(|finding| finding.device)
+        .collect();
+    assert_eq!(
+        groups,
+        [Some(bdf("0000:05:00.0")), Some(bdf("0000:85:00.0"))]
+    );
+}
+
+/// Ring edges (both directions) with one end in `group` and the other outside.
+fn crossings(order: &[usize], group: &[usize]) -> usize {
+    (0..order.len())
+        .filter(|&i| group.contains(&order[i]) != group.contains(&order[(i + 1) % order.len()]))
+        .count()
+}
+
+#[test]
+fn dgx8_ring_enters_slow_paths_once() {
+    let topology = probe("dgx8");
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let best = report.ring.best.as_ref().unwrap();
+    assert_eq!(best.method, RingMethod::Exact);
+    let mut members = best.order.clone();
+    members.sort_unstable();
+    assert_eq!(members, (0..8).collect::<Vec<_>>());
+    // Behind the degraded link: in once, out once.
+    assert_eq!(crossings(&best.order, &[2, 3]), 2, "{:?}", best.order);
+    // Across the sockets: there and back once.
+    assert_eq!(crossings(&best.order, &[0, 1, 2, 3]), 2, "{:?}", best.order);
+    // No socket crossing starts or ends behind the degraded link or at the sub-healthy GPU6.
+    let n = best.order.len();
+    for i in 0..n {
+        let (from, to) = (best.order[i], best.order[(i + 1) % n]);
+        if (from < 4) != (to < 4) {
+            for end in [from, to] {
+                assert!(
+                    ![2, 3, 6].contains(&end),
+                    "socket crossing at GPU{end}: {:?}",
+                    best.order
+                );
+            }
+        }
+    }
+    let sys = CostModel::default().cross_numa_factor;
+    assert!((best.bottleneck_gbps - 16.0 * GEN4_LANE * sys).abs() < 1e-9);
+    // NCCL's bus-id order crosses from GPU3 (behind the x8 link) to GPU4.
+    let nccl = report.ring.nccl_default.as_ref().unwrap();
+    assert_eq!(nccl.order, (0..8).collect::<Vec<_>>());
+    assert!((nccl.bottleneck_gbps - 8.0 * GEN4_LANE * sys).abs() < 1e-9);
+    assert!(best.total_cost_us < nccl.total_cost_us);
+    assert_eq!(best.order_bdf[0], bdf(DGX_GPUS[0]));
+}
+
+#[test]
+fn dgx8_json_validates_against_the_schema() {
+    let topology = probe("dgx8");
+    validate_against_schema(&ProbeReport::new(&topology, &CostModel::default()));
+}
+
+#[test]
+fn this_machine_virtio_without_links() {
+    let topology = probe("this-machine-virtio");
+    let names: Vec<String> = topology
+        .devices
+        .iter()
+        .map(|device| device.bdf.to_string())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "0000:00:00.0",
+            "0000:00:01.0",
+            "0000:00:02.0",
+            "0000:00:03.0",
+            "0000:00:04.0",
+            "0000:00:05.0"
+        ]
+    );
+    assert_eq!(topology.host_bridges.len(), 1);
+    assert_eq!(topology.host_bridges[0].name, "pci0000:00");
+    assert_eq!(topology.host_bridges[0].numa_node, None);
+    assert!(topology.links.is_empty());
+    assert!(topology.gpus().is_empty());
+    for (index, device) in topology.devices.iter().enumerate() {
+        assert_eq!(device.kind, DeviceKind::Endpoint);
+        assert_eq!(
+            device.upstream,
+            pcieipc::probe::topology::Upstream::HostBridge(0)
+        );
+        assert_eq!(device.link_end, Default::default(), "{}", device.bdf);
+        assert!(device.pci_express.is_none());
+        assert!(device.health.is_none());
+        assert!(topology.link_above(index).is_none());
+    }
+    let net = &topology.devices[3];
+    assert_eq!(
+        (net.vendor_id, net.device_id, net.class_code),
+        (Some(0x1af4), Some(0x1041), Some(0x020000))
+    );
+    assert_eq!(net.driver.as_deref(), Some("virtio-pci"));
+    assert_eq!(net.config_bytes_readable, 256);
+    assert_eq!(net.local_cpulist.as_deref(), Some("0-1"));
+    assert_eq!(net.bars.as_ref().unwrap()[0].size_bytes, 512 << 10);
+
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let kinds: Vec<FindingKind> = report.findings.iter().map(|finding| finding.kind).collect();
+    assert_eq!(kinds, [FindingKind::NoGpus]);
+    assert_eq!(report.worst_severity(), Some(Severity::Info));
+    assert!(report.ring.best.is_none() && report.ring.nccl_default.is_none());
+    validate_against_schema(&report);
+}
+
+#[test]
+fn gpu_in_an_x8_slot_is_narrow_not_degraded() {
+    let mut devices = generator::dgx_eight_gpu();
+    for device in devices
+        .iter_mut()
+        .filter(|device| ["0000:05:00.0", "0000:04:00.0"].contains(&device.bdf.as_str()))
+    {
+        let link = device.link.as_mut().unwrap();
+        link.max_width = 8;
+        link.current_width = 8;
+    }
+    let scratch = generator::ScratchDir::new("x8-slot").unwrap();
+    let root = scratch.path.join("root");
+    generator::write_tree(&root, &devices, 4096).unwrap();
+    let topology = Topology::from_sysfs_root(&root, HealthModel::default()).unwrap();
+    let gpu0 = index(&topology, "0000:05:00.0");
+    assert_eq!(topology.link_above(gpu0).unwrap().state, LinkState::Full);
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let narrow: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|finding| finding.kind == FindingKind::NarrowLink)
+        .collect();
+    assert_eq!(narrow.len(), 1);
+    assert_eq!(
+        (narrow[0].severity, narrow[0].device),
+        (Severity::Warning, Some(bdf("0000:05:00.0")))
+    );
+    assert!(
+        narrow[0]
+            .evidence
+            .contains("current 16.0 GT/s x8, capable 16.0 GT/s x8"),
+        "{}",
+        narrow[0].evidence
+    );
+}
