@@ -202,3 +202,16 @@ fn state_errno(state: u32) -> Result {
         _ => Err(ENODEV),
     }
 }
+
+impl BoundDevice {
+    /// AER recovery moves a device between bound and frozen (or gone); every
+    /// waiter wakes and sees the new state. A gone device stays gone.
+    pub(crate) fn set_recovery_state(&self, state: u32) {
+        let mut events = self.events.lock();
+        if events.state != uapi::PCIEIPC_STATE_GONE {
+            events.state = state;
+        }
+        drop(events);
+        self.changed.notify_all();
+    }
+}

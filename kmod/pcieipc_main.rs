@@ -7,10 +7,10 @@
 use kernel::{
     driver,
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
-    pci,
     prelude::*,
 };
 
+mod aer;
 mod bar_mmap;
 mod bound_device;
 mod chardev;
@@ -45,7 +45,7 @@ struct PcieIpcModule {
     _chardev: MiscDeviceRegistration<chardev::PcieIpcFile>,
     /// Declared last, so unregistered (every device unbound) last.
     #[pin]
-    _driver: driver::Registration<pci::Adapter<pci_driver::PcieIpcDriver>>,
+    _driver: driver::Registration<aer::AerAdapter<pci_driver::PcieIpcDriver>>,
 }
 
 impl kernel::InPlaceModule for PcieIpcModule {

@@ -76,3 +76,12 @@ pub(crate) fn bound_count() -> u32 {
         .filter(|d| d.check_usable().is_ok())
         .count() as u32
 }
+
+/// Sets the state of the listed device at `bdf` (AER recovery: frozen,
+/// bound again, or gone); a gone device stays gone.
+pub(crate) fn set_state_of_bdf(bdf: u32, state: u32) {
+    let registry = REGISTRY.lock();
+    for device in registry.devices.iter().filter(|d| d.info.bdf == bdf) {
+        device.set_recovery_state(state);
+    }
+}

@@ -28,6 +28,7 @@ fabric.toml tree.sh
 fabric.toml module.sh
 fabric.toml hostctl.sh unplug-ivs1.sh
 fabric.toml fault.sh
+fabric.toml aer.sh
 datapath.toml datapath-list.sh
 LIST
 

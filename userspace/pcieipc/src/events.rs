@@ -107,12 +107,12 @@ pub fn decode_aer(regs: &uapi::pcieipc_aer_regs) -> Vec<AerError> {
     errors
 }
 
-/// `PCIEIPC_BDF` to "dddd:bb:dd.f".
+/// `PCIEIPC_BDF` to "dddd:bb:dd.f", "-" for `PCIEIPC_BDF_NONE`.
 pub fn bdf_string(bdf: u32) -> String {
     if bdf == uapi::PCIEIPC_BDF_NONE {
         return "-".into();
     }
-    format!("{:04x}:{:02x}:{:02x}.{}", bdf >> 16, (bdf >> 8) & 0xff, (bdf >> 3) & 0x1f, bdf & 7)
+    crate::device::format_bdf(bdf)
 }
 
 /// "dddd:bb:dd.f" or "bb:dd.f" to `PCIEIPC_BDF`.

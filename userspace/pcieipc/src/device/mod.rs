@@ -18,7 +18,7 @@ mod info;
 mod interrupts;
 
 pub use bar_window::BarWindow;
-pub use info::{BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
+pub use info::{format_bdf, BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
 pub use interrupts::WaitResult;
 
 mod fault;

@@ -42,6 +42,22 @@ enum Command {
         #[arg(long)]
         bdf: String,
     },
+    /// Injects an AER error through the harness (`host hmp
+    /// pcie_aer_inject_error INJECT`) and checks the events of BDF: the
+    /// error_detected record names BIT with SEVERITY, the recovery steps are
+    /// the kernel's for that severity, and the device is bound again after.
+    Aer {
+        #[arg(long)]
+        bdf: String,
+        /// Arguments of pcie_aer_inject_error, e.g. "rp1 COMP_TIME".
+        #[arg(long)]
+        inject: String,
+        #[arg(long)]
+        bit: u8,
+        /// non_fatal or fatal.
+        #[arg(long)]
+        severity: String,
+    },
     /// Every line of FILE (`pcieipc monitor --json` output) is a JSON object
     /// with a kind; prints how many of each kind.
     JsonLines { file: std::path::PathBuf },
@@ -52,6 +68,7 @@ fn main() -> ExitCode {
         Command::Overflow { bdf, events } => overflow(&bdf, events),
         Command::Poll { bdf } => poll_check(&bdf),
         Command::JsonLines { file } => json_lines(&file),
+        Command::Aer { bdf, inject, bit, severity } => aer(&bdf, &inject, bit, &severity),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -186,5 +203,79 @@ fn json_lines(path: &std::path::Path) -> Result<(), String> {
         return Err(format!("{}: no events", path.display()));
     }
     println!("{kinds:?}");
+    Ok(())
+}
+
+fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), String> {
+    use pcieipc::{device::DeviceState, events::Severity};
+    // Checks the address; events name functions the same way.
+    parse_bdf(bdf_text)?;
+    let (want_severity, want_channel, want_steps): (Severity, &str, &[&str]) = match severity {
+        "non_fatal" => (Severity::NonFatal, "normal", &["error_detected", "mmio_enabled", "resume"]),
+        "fatal" => (Severity::Fatal, "frozen", &["error_detected", "slot_reset", "resume"]),
+        other => return Err(format!("--severity {other:?}: use non_fatal or fatal")),
+    };
+    let mut reader = Device::open_with(DEFAULT_PATH, true).map_err(|e| e.to_string())?;
+    drain(&mut reader)?;
+    let answer = std::process::Command::new("host")
+        .args(["hmp", &format!("pcie_aer_inject_error {inject}")])
+        .output()
+        .map_err(|e| format!("running host: {e}"))?;
+    let answer_text = String::from_utf8_lossy(&answer.stdout);
+    if !answer.status.success() || !answer_text.contains("OK") {
+        return Err(format!("injection {inject:?} refused: {answer_text} {}", String::from_utf8_lossy(&answer.stderr)));
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut steps = Vec::new();
+    let mut detected = None;
+    while steps.last().map(String::as_str) != Some("resume") {
+        if Instant::now() > deadline {
+            return Err(format!("no resume for {bdf_text} within 15 s; steps seen: {steps:?}"));
+        }
+        if !readable(&reader, 200)? {
+            continue;
+        }
+        let events = reader.read_events(64).map_err(|e| e.to_string())?;
+        for event in events.into_iter().filter(|e| e.kind == EventKind::Aer && e.bdf == bdf_text) {
+            let step = event.aer_step.unwrap_or("?").to_string();
+            if step == "error_detected" {
+                detected = Some(event.clone());
+            }
+            steps.push(step);
+        }
+    }
+    if steps != want_steps {
+        return Err(format!("recovery steps {steps:?}, expected {want_steps:?}"));
+    }
+    let detected = detected.ok_or("no error_detected event")?;
+    if detected.channel_state != Some(want_channel) {
+        return Err(format!("error_detected channel {:?}, expected {want_channel}", detected.channel_state));
+    }
+    let error = detected
+        .errors
+        .iter()
+        .find(|e| e.bit == bit && e.severity != Severity::Correctable)
+        .ok_or_else(|| format!("error_detected names no uncorrectable bit {bit}: {:?}", detected.errors))?;
+    if error.severity != want_severity {
+        return Err(format!("bit {bit} ({}) decoded as {:?}, expected {want_severity:?}", error.short, error.severity));
+    }
+    let device = Device::open(DEFAULT_PATH).map_err(|e| e.to_string())?;
+    let state = device
+        .list()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|d| d.bdf == bdf_text)
+        .map(|d| d.state)
+        .ok_or_else(|| format!("{bdf_text} is not bound"))?;
+    if state != DeviceState::Bound {
+        return Err(format!("{bdf_text} is {state:?} after recovery, not bound"));
+    }
+    println!(
+        "{inject}: [{bit}] {} ({}) {:?}, steps {steps:?}, result {:?}; device bound again",
+        error.short,
+        error.name,
+        error.severity,
+        detected.result.as_deref().unwrap_or("?")
+    );
     Ok(())
 }
