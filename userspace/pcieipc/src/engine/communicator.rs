@@ -18,7 +18,8 @@ use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
 /// How long a blocked rank sleeps between liveness and timeout checks: the
 /// bound on how late a dead peer is noticed, and few enough wake-ups that a
 /// rank waiting for a late peer costs next to no CPU.
-/// How long a waiting rank polls before it starts yielding its core between polls.
+/// How long a waiting rank that is not bound to a CPU polls before it starts
+/// yielding its core between polls.
 const EAGER_SPIN: Duration = Duration::from_micros(2);
 /// Every Raw and Relay slot and one-shot window starts with its writer's call
 /// number and call descriptor (four words), then the data: for small
@@ -561,15 +562,21 @@ impl Communicator {
             return Ok(());
         }
         let started = Instant::now();
-        // Poll back to back for a few microseconds (a peer on another core is
-        // usually about to post), then yield between polls: on an
-        // oversubscribed host the peer may be waiting for this very core.
+        // Poll back to back (a peer on another core is usually about to
+        // post). An unbound rank then yields between polls, since on an
+        // oversubscribed host its peer may be queued on this very core; a
+        // bound rank's peer never is, and yielding would only hand the core
+        // to an unrelated task for a whole scheduler slice.
+        let yield_after = match self.options.bind_cpu {
+            Some(_) => self.options.spin,
+            None => EAGER_SPIN,
+        };
         loop {
             let spun = started.elapsed();
             if spun >= self.options.spin {
                 break;
             }
-            if spun < EAGER_SPIN {
+            if spun < yield_after {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
