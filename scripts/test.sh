@@ -28,6 +28,9 @@ fabric.toml tree.sh
 fabric.toml module.sh
 fabric.toml hostctl.sh unplug-ivs1.sh
 datapath.toml datapath-list.sh
+datapath.toml datapath-ipc.sh
+datapath.toml datapath-fuzz.sh
+ivshmem-quad.toml datapath-ring4.sh
 LIST
 
 echo
