@@ -30,6 +30,9 @@ fabric.toml hostctl.sh unplug-ivs1.sh
 fabric.toml fault.sh
 fabric.toml aer.sh
 datapath.toml datapath-list.sh
+datapath.toml datapath-ipc.sh
+datapath.toml datapath-fuzz.sh
+ivshmem-quad.toml datapath-ring4.sh
 LIST
 
 echo

@@ -11,7 +11,8 @@ use std::path::Path;
 use pcieipc::plan::CostModel;
 use pcieipc::probe::attributes::ParseError;
 use pcieipc::probe::{
-    DeviceKind, FindingKind, HealthModel, LinkState, PeerRoute, ProbeError, ProbeReport, Topology,
+    DeviceKind, FindingKind, HealthModel, LinkSpeed, LinkState, PeerRoute, ProbeError, ProbeReport,
+    Topology,
 };
 
 const GPU0_DIR: &str =
@@ -34,14 +35,15 @@ fn probe(root: &Path) -> Result<Topology, ProbeError> {
 
 #[test]
 fn malformed_attribute_is_reported_with_its_path() {
-    for (file, text) in [
-        ("current_link_speed", "fast\n"),
-        ("max_link_width", "wide\n"),
-        ("aer_dev_correctable", "RxErr 1\n"),
-        ("class", "VGA\n"),
-        ("resource", "0x0 0x1\n"),
+    // Link attributes are read when config space stops at the header (unprivileged).
+    for (file, text, config_len) in [
+        ("current_link_speed", "fast\n", 64),
+        ("max_link_width", "wide\n", 64),
+        ("aer_dev_correctable", "RxErr 1\n", 4096),
+        ("class", "VGA\n", 4096),
+        ("resource", "0x0 0x1\n", 4096),
     ] {
-        let scratch = dgx8_copy("malformed", 4096);
+        let scratch = dgx8_copy("malformed", config_len);
         let root = scratch.path.join("root");
         let path = root.join(GPU0_DIR).join(file);
         fs::write(&path, text).unwrap();
@@ -53,7 +55,10 @@ fn malformed_attribute_is_reported_with_its_path() {
                 assert_eq!(reported, path);
                 assert_eq!(found, text.trim());
             }
-            other => panic!("{file}: expected a malformed-file error, got {other:?}"),
+            other => panic!(
+                "{file}: expected a malformed-file error, got {:?}",
+                other.map(|_| "a topology")
+            ),
         }
         let message = probe(&root).unwrap_err().to_string();
         assert!(
@@ -139,10 +144,34 @@ fn unprivileged_config_reads_leave_extended_capabilities_unknown() {
     assert_eq!(kind("0000:82:01.0"), DeviceKind::SwitchDownstreamPort);
     assert_eq!(kind("0000:83:00.0"), DeviceKind::SwitchUpstreamPort);
     assert_eq!(kind("0000:84:00.0"), DeviceKind::SwitchDownstreamPort);
-    // Links still come from the sysfs attributes, without a target speed.
+    // Links come from the sysfs attributes, without a target speed.
     let switch = topology.find("0000:08:00.0".parse().unwrap()).unwrap();
     let link = topology.link_above(switch).unwrap();
     assert_eq!((link.state, link.target_speed), (LinkState::Degraded, None));
+    // The NVMe drives print the older "16 GT/s" format.
+    let nvme = topology.find("0000:0c:00.0".parse().unwrap()).unwrap();
+    let link = topology.link_above(nvme).unwrap();
+    assert_eq!(
+        (
+            link.current_speed,
+            link.current_width,
+            link.max_speed,
+            link.max_width,
+            link.state
+        ),
+        (
+            Some(LinkSpeed::Gt16),
+            Some(4),
+            Some(LinkSpeed::Gt16),
+            Some(4),
+            LinkState::Full
+        )
+    );
+    let gpu7 = topology.find("0000:8b:00.0".parse().unwrap()).unwrap();
+    assert_eq!(
+        topology.link_above(gpu7).unwrap().state,
+        LinkState::IdleDownshiftLikely
+    );
 
     let report = ProbeReport::new(&topology, &CostModel::default());
     assert!(report
@@ -183,7 +212,10 @@ fn wrong_root_and_bad_device_links_are_errors_with_paths() {
         Err(ProbeError::ListDevices { path, .. }) => {
             assert_eq!(path, scratch.path.join("sys/bus/pci/devices"))
         }
-        other => panic!("expected a listing error, got {other:?}"),
+        other => panic!(
+            "expected a listing error, got {:?}",
+            other.map(|_| "a topology")
+        ),
     }
 
     let scratch = dgx8_copy("bad-link", 4096);
@@ -192,7 +224,10 @@ fn wrong_root_and_bad_device_links_are_errors_with_paths() {
     symlink("../../../../../elsewhere/0000:99:00.0", &link).unwrap();
     match probe(&root) {
         Err(ProbeError::DeviceLink { path, .. }) => assert_eq!(path, link),
-        other => panic!("expected a device-link error, got {other:?}"),
+        other => panic!(
+            "expected a device-link error, got {:?}",
+            other.map(|_| "a topology")
+        ),
     }
     fs::remove_file(&link).unwrap();
     symlink("../../../devices/virtual/0000:99:00.0", &link).unwrap();
@@ -201,6 +236,9 @@ fn wrong_root_and_bad_device_links_are_errors_with_paths() {
     fs::create_dir_all(root.join("sys/bus/pci/devices/not-a-bdf")).unwrap();
     match probe(&root) {
         Err(ProbeError::Malformed { path, .. }) => assert!(path.ends_with("not-a-bdf")),
-        other => panic!("expected a malformed name, got {other:?}"),
+        other => panic!(
+            "expected a malformed name, got {:?}",
+            other.map(|_| "a topology")
+        ),
     }
 }

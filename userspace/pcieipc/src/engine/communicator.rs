@@ -18,11 +18,13 @@ use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
 /// How long a blocked rank sleeps between liveness and timeout checks: the
 /// bound on how late a dead peer is noticed, and few enough wake-ups that a
 /// rank waiting for a late peer costs next to no CPU.
-/// How long a waiting rank polls before it starts yielding its core between polls.
+/// How long a waiting rank that is not bound to a CPU polls before it starts
+/// yielding its core between polls.
 const EAGER_SPIN: Duration = Duration::from_micros(2);
-/// Each Raw and Relay slot starts with the sender's call number and call
-/// descriptor (four words, padded to a cache line), then the chunk.
-const MESSAGE_HEADER_BYTES: usize = 64;
+/// Every Raw and Relay slot and one-shot window starts with its writer's call
+/// number and call descriptor (four words), then the data: for small
+/// messages stamp and data share a cache line, one transfer between cores.
+const MESSAGE_HEADER_BYTES: usize = 32;
 
 const LIVENESS_SLICE: Duration = Duration::from_millis(10);
 
@@ -485,26 +487,38 @@ impl Communicator {
         }
     }
 
-    /// Compares the call stamped on a message from the predecessor with ours.
-    /// The stamp travels with the message, so this holds however many calls
-    /// ahead the predecessor has run (a broadcast chain lets it run ahead).
-    fn check_message_header(&self, window: *mut u8) -> Result<(), EngineError> {
+    /// Writes the current call's stamp at the start of a slot or window this
+    /// rank is about to publish.
+    fn stamp(&self, window: *mut u8) {
         let call = self
             .current_call
-            .expect("messages are only received inside a call");
-        let mut header = [0u64; 4];
-        // SAFETY: the predecessor wrote this header before posting the slot,
-        // and does not touch the slot until we release it.
+            .expect("stamps are only written inside a call");
+        let [head, count, chunk_bytes] = call.to_words();
+        let stamp = [self.calls, head, count, chunk_bytes];
+        // SAFETY: the stamp fills the first MESSAGE_HEADER_BYTES of a page
+        // aligned slot or window that is ours until we publish it.
+        unsafe { std::ptr::copy_nonoverlapping(stamp.as_ptr(), window.cast::<u64>(), stamp.len()) };
+    }
+
+    /// Compares the stamp `peer` wrote on a slot or window it published with
+    /// our call. The stamp travels with the data, so this holds however many
+    /// calls ahead the peer has run (a broadcast chain lets it run ahead).
+    fn check_stamp(&self, peer: usize, window: *mut u8) -> Result<(), EngineError> {
+        let call = self
+            .current_call
+            .expect("stamps are only checked inside a call");
+        let mut stamp = [0u64; 4];
+        // SAFETY: the peer wrote the stamp before publishing, and does not
+        // touch the slot or window until we are done with it.
         unsafe {
-            std::ptr::copy_nonoverlapping(window.cast::<u64>().cast_const(), header.as_mut_ptr(), 4)
+            std::ptr::copy_nonoverlapping(window.cast::<u64>().cast_const(), stamp.as_mut_ptr(), 4)
         };
-        let peer_call = CallDescriptor::from_words([header[1], header[2], header[3]]);
-        if header[0] == self.calls && peer_call == Some(call) {
+        let peer_call = CallDescriptor::from_words([stamp[1], stamp[2], stamp[3]]);
+        if stamp[0] == self.calls && peer_call == Some(call) {
             return Ok(());
         }
-        // A stamp that does not decode can only come from a peer whose calls
-        // diverged from ours long ago; report it as its current call.
-        let peer = self.predecessor();
+        // A stamp that does not decode, or the same call under another call
+        // number, means the peer's sequence of calls diverged from ours.
         let peer_call = peer_call.unwrap_or(call);
         Err(self
             .transport
@@ -548,15 +562,21 @@ impl Communicator {
             return Ok(());
         }
         let started = Instant::now();
-        // Poll back to back for a few microseconds (a peer on another core is
-        // usually about to post), then yield between polls: on an
-        // oversubscribed host the peer may be waiting for this very core.
+        // Poll back to back (a peer on another core is usually about to
+        // post). An unbound rank then yields between polls, since on an
+        // oversubscribed host its peer may be queued on this very core; a
+        // bound rank's peer never is, and yielding would only hand the core
+        // to an unrelated task for a whole scheduler slice.
+        let yield_after = match self.options.bind_cpu {
+            Some(_) => self.options.spin,
+            None => EAGER_SPIN,
+        };
         loop {
             let spun = started.elapsed();
             if spun >= self.options.spin {
                 break;
             }
-            if spun < EAGER_SPIN {
+            if spun < yield_after {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -712,7 +732,7 @@ impl Communicator {
             Self::window_of(stream, received % self.slots(stream)),
         );
         if !self.predecessor_checked {
-            self.check_message_header(window)?;
+            self.check_stamp(predecessor, window)?;
             self.predecessor_checked = true;
         }
         // SAFETY: the predecessor posted this slot and will not write it again
@@ -880,40 +900,51 @@ impl Communicator {
         mut buffers: Buffers<T>,
     ) -> Result<(), EngineError> {
         let count = call.count as usize;
-        let window_elements = self.transport.sizes().one_shot_bytes / std::mem::size_of::<T>();
+        let window_elements = (self.transport.sizes().one_shot_bytes - MESSAGE_HEADER_BYTES)
+            / std::mem::size_of::<T>();
         let rounds = count.div_ceil(window_elements).max(1);
         for round in 0..rounds {
             let range = clip(&(0..count), round, window_elements);
             let parity = (self.one_shot_rounds % 2) as usize;
-            let mine = self.transport.window(self.rank, Window::OneShot { parity });
+            let window = |owner: usize| self.transport.window(owner, Window::OneShot { parity });
+            let mine = window(self.rank);
+            self.stamp(mine);
             // SAFETY: our window of `one_shot_bytes`; every peer has finished
             // reading it two rounds ago (they posted the round after it, which
             // they only do once done), so only we touch it until we post.
-            let mine = unsafe { std::slice::from_raw_parts_mut(mine.cast::<T>(), range.len()) };
-            mine.copy_from_slice(&buffers.input()[range.clone()]);
+            let data = unsafe {
+                std::slice::from_raw_parts_mut(
+                    mine.add(MESSAGE_HEADER_BYTES).cast::<T>(),
+                    range.len(),
+                )
+            };
+            data.copy_from_slice(&buffers.input()[range.clone()]);
             self.one_shot_rounds = self.one_shot_rounds.wrapping_add(1);
             self.transport
                 .store(self.rank, Signal::OneShotPosted, self.one_shot_rounds);
             for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
                 self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
                 if round == 0 {
-                    self.check_call(peer)?;
+                    self.check_stamp(peer, window(peer))?;
                 }
             }
-            let windows: Vec<&[T]> = (0..self.nranks)
-                .map(|owner| {
-                    let window = self.transport.window(owner, Window::OneShot { parity });
-                    // SAFETY: each owner posted this round; nobody writes its
-                    // window again until every rank has posted the next round.
-                    unsafe {
-                        std::slice::from_raw_parts(window.cast::<T>().cast_const(), range.len())
-                    }
-                })
-                .collect();
-            let output = &mut buffers.output()[range];
-            combine(op, output, windows[1], Some(windows[0]));
-            for window in &windows[2..] {
-                combine(op, output, window, None);
+            let data_of = |owner: usize| -> &[T] {
+                // SAFETY: each owner posted this round; nobody writes its
+                // window again until every rank has posted the next round.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        window(owner)
+                            .add(MESSAGE_HEADER_BYTES)
+                            .cast::<T>()
+                            .cast_const(),
+                        range.len(),
+                    )
+                }
+            };
+            let output = &mut buffers.output()[range.clone()];
+            combine(op, output, data_of(1), Some(data_of(0)));
+            for owner in 2..self.nranks {
+                combine(op, output, data_of(owner), None);
             }
             if op == ReduceOp::Avg {
                 finish_avg(output, self.nranks);

@@ -5,8 +5,24 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 use pcieipc_testbed::tree::{compare, scan, TreeLine};
 
+// The data-path checks; under guest/ so that cargo does not take them for
+// binaries of their own.
+#[path = "guest/common.rs"]
+mod common;
+#[path = "guest/fuzz.rs"]
+mod fuzz;
+#[path = "guest/pingpong.rs"]
+mod pingpong;
+#[path = "guest/waits.rs"]
+mod waits;
+#[path = "guest/windows.rs"]
+mod windows;
+
 #[derive(Parser)]
-#[command(name = "pcieipc-guest", about = "Checks run inside a pcieipc testbed guest")]
+#[command(
+    name = "pcieipc-guest",
+    about = "Checks run inside a pcieipc testbed guest"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,13 +38,97 @@ enum Command {
         #[arg(long, default_value = "/sys")]
         sysfs: PathBuf,
     },
+    /// ivshmem ping-pong: MEMBERS processes on as many ivshmem-doorbell
+    /// devices of one region pass a checked pattern around ROUNDS times;
+    /// prints the round-trip time.
+    PingPong {
+        #[arg(long, default_value_t = 2)]
+        members: usize,
+        #[arg(long, default_value_t = 10_000)]
+        rounds: u64,
+    },
+    /// One non-leading member of a ping-pong (started by `ping-pong`).
+    #[command(hide = true)]
+    PingPongMember {
+        #[arg(long)]
+        position: usize,
+        #[arg(long)]
+        members: usize,
+        #[arg(long)]
+        rounds: u64,
+    },
+    /// A wait of TIMEOUT_MS ends with ETIMEDOUT after TIMEOUT_MS ± 50%.
+    WaitTimeout {
+        #[arg(long, default_value_t = 200)]
+        timeout_ms: u64,
+    },
+    /// A signal ends a wait without a limit with EINTR.
+    WaitEintr,
+    /// A process blocked in a wait uses under 5% of a spinning reader's CPU.
+    CpuTime {
+        #[arg(long, default_value_t = 2000)]
+        ms: u64,
+    },
+    /// One side of `cpu-time`: "wait" or "spin" for MS; prints its CPU µs.
+    #[command(hide = true)]
+    CpuTimeChild {
+        mode: String,
+        #[arg(long)]
+        ms: u64,
+    },
+    /// BAR windows: shared memory seen by both devices, bad windows refused.
+    MmapChecks,
+    /// The BAR2 window of a gone device is refused with ENODEV.
+    MmapGone {
+        #[arg(long)]
+        device: u32,
+    },
+    /// Random ioctls and mmaps: only errnos come back.
+    Fuzz {
+        #[arg(long, default_value_t = 10_000)]
+        iterations: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+/// Prints a failed check and turns it into the exit status.
+fn report(result: common::CheckResult) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pcieipc-guest: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::PingPong { members, rounds } => report(pingpong::run(members, rounds)),
+        Command::PingPongMember {
+            position,
+            members,
+            rounds,
+        } => report(pingpong::member(position, members, rounds)),
+        Command::WaitTimeout { timeout_ms } => report(waits::timeout(timeout_ms)),
+        Command::WaitEintr => report(waits::eintr()),
+        Command::CpuTime { ms } => report(waits::cpu_time_compare(ms)),
+        Command::CpuTimeChild { mode, ms } => match mode.as_str() {
+            "wait" => report(waits::cpu_time_child(false, ms)),
+            "spin" => report(waits::cpu_time_child(true, ms)),
+            _ => report(Err(format!("cpu-time-child: unknown mode {mode:?}"))),
+        },
+        Command::MmapChecks => report(windows::run()),
+        Command::MmapGone { device } => report(windows::gone(device)),
+        Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
         Command::Tree { expect, sysfs } => {
             let expected: Result<Vec<TreeLine>, String> = match std::fs::read_to_string(&expect) {
-                Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).map(str::parse).collect(),
+                Ok(text) => text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(str::parse)
+                    .collect(),
                 Err(e) => Err(format!("{}: {e}", expect.display())),
             };
             let expected = match expected {

@@ -1,0 +1,174 @@
+//! Random ioctls and mmaps on /dev/pcieipc: only errnos may come back (the
+//! harness fails the run on any kernel WARNING/BUG/Oops in the guest log).
+
+use std::{collections::BTreeMap, num::NonZeroUsize, os::fd::AsRawFd};
+
+use nix::{
+    errno::Errno,
+    sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags},
+};
+use pcieipc_uapi as uapi;
+
+use super::common::{CheckResult, Rng};
+
+const SCRATCH: usize = 8192;
+
+/// The errnos the module's contract allows for any input (docs/abi.md).
+const ALLOWED: &[Errno] = &[
+    Errno::ENOTTY,
+    Errno::EINVAL,
+    Errno::EFAULT,
+    Errno::ENOENT,
+    Errno::ENODEV,
+    Errno::EIO,
+    Errno::ETIMEDOUT,
+    Errno::EOPNOTSUPP,
+    Errno::EPERM,
+    Errno::EINTR,
+    Errno::ENOMEM,
+];
+
+/// Picks a pointer for the kernel to read or write: NULL, an unmapped page,
+/// a kernel address, or `buffer` (at least SCRATCH bytes: more than any
+/// ioctl writes, so a random argument never corrupts this process).
+fn pointer(rng: &mut Rng, buffer: *mut u8, unmapped: usize) -> u64 {
+    match rng.below(5) {
+        0 => 0,
+        1 => unmapped as u64,
+        2 => 0xffff_8880_0000_0000 + rng.below(1 << 20),
+        _ => buffer as u64,
+    }
+}
+
+/// Fills the scratch buffer with a random argument: random bytes, a random
+/// or plausible argsz, plausible device indices and vectors, pointers of
+/// every kind, and timeouts short enough that nothing blocks for long.
+fn random_argument(
+    rng: &mut Rng,
+    scratch: &mut [u8],
+    entries: *mut u8,
+    cmd_nr: u32,
+    unmapped: usize,
+) {
+    for byte in scratch.iter_mut() {
+        *byte = rng.next() as u8;
+    }
+    let word = |s: &mut [u8], at: usize, v: u32| s[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let argsz = match rng.below(4) {
+        0 => rng.next() as u32,
+        1 => rng.below(64) as u32,
+        _ => [48, 32, 40, 272, 16][rng.below(5) as usize],
+    };
+    word(scratch, 0, argsz);
+    if rng.below(2) == 0 {
+        word(scratch, 4, 0); // flags
+    }
+    if rng.below(2) == 0 {
+        word(scratch, 8, rng.below(8) as u32); // device index (LIST: entry_size)
+    }
+    if rng.below(2) == 0 {
+        word(scratch, 12, rng.below(40) as u32); // vector / capacity / peer+vector
+    }
+    if cmd_nr == uapi::PCIEIPC_CMD_LIST {
+        // At most 8 entries of at most 256 bytes: within the entries buffer.
+        word(scratch, 8, rng.below(257) as u32);
+        word(scratch, 12, rng.below(9) as u32);
+        let ptr = pointer(rng, entries, unmapped);
+        scratch[24..32].copy_from_slice(&ptr.to_le_bytes());
+    }
+    if cmd_nr == uapi::PCIEIPC_CMD_WAIT {
+        // A short timeout: never PCIEIPC_WAIT_FOREVER.
+        word(scratch, 24, rng.below(3) as u32);
+    }
+}
+
+/// `fuzz`: `iterations` random ioctls and `iterations / 10` random mmaps.
+pub fn run(iterations: u64, seed: u64) -> CheckResult {
+    let device = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(pcieipc::device::DEFAULT_PATH)
+        .map_err(|e| e.to_string())?;
+    let fd = device.as_raw_fd();
+    let mut rng = Rng::new(seed);
+    let mut scratch = vec![0u8; SCRATCH];
+    let mut entries = vec![0u8; SCRATCH];
+    let page = NonZeroUsize::new(4096).ok_or("page")?;
+    // An address with nothing mapped: a page mapped and then unmapped.
+    // SAFETY: a fresh anonymous mapping, unmapped at once; never accessed.
+    let unmapped = unsafe {
+        let p = mmap_anonymous(None, page, ProtFlags::PROT_READ, MapFlags::MAP_PRIVATE)
+            .map_err(|e| e.to_string())?;
+        munmap(p, page.get()).map_err(|e| e.to_string())?;
+        p.as_ptr() as usize
+    };
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    for _ in 0..iterations {
+        let cmd_nr = match rng.below(4) {
+            0 => rng.next() as u32 & 0xff,
+            _ => rng.below(6) as u32,
+        };
+        let request = match rng.below(10) {
+            0 => rng.next() as u32,
+            _ => (uapi::PCIEIPC_IOC_MAGIC << 8) | cmd_nr,
+        };
+        random_argument(
+            &mut rng,
+            &mut scratch,
+            entries.as_mut_ptr(),
+            cmd_nr,
+            unmapped,
+        );
+        let arg = pointer(&mut rng, scratch.as_mut_ptr(), unmapped);
+        // SAFETY: the kernel writes at most into the scratch and entries
+        // buffers (which outlive the call, and are larger than any write) or
+        // faults on the other pointers (EFAULT); no Rust reference to them
+        // is live across the call.
+        let ret = unsafe { nix::libc::ioctl(fd, request as _, arg) };
+        let outcome = if ret >= 0 {
+            "ok".to_string()
+        } else {
+            let errno = Errno::last();
+            if !ALLOWED.contains(&errno) {
+                return Err(format!("ioctl {request:#x} arg {arg:#x} gave {errno}"));
+            }
+            format!("{errno}")
+        };
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    let mut mapped = 0;
+    for _ in 0..iterations / 10 {
+        let offset = match rng.below(3) {
+            0 => rng.next() & !0xfff & (i64::MAX as u64),
+            1 => uapi::mmap_offset(rng.below(8) as u32, rng.below(16) as u32),
+            _ => uapi::mmap_offset(rng.below(8) as u32, 2) + (rng.below(512) << 12),
+        };
+        let len = NonZeroUsize::new(((rng.below(300) + 1) << 12) as usize).ok_or("len")?;
+        // SAFETY: a new shared mapping at an address the kernel picks.
+        let result = unsafe {
+            nix::sys::mman::mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &device,
+                offset as i64,
+            )
+        };
+        match result {
+            Ok(ptr) => {
+                mapped += 1;
+                // SAFETY: the mapping just made, not referenced elsewhere.
+                unsafe { munmap(ptr, len.get()) }.map_err(|e| e.to_string())?;
+            }
+            Err(errno) if ALLOWED.contains(&errno) => {}
+            Err(errno) => return Err(format!("mmap offset {offset:#x} len {len}: {errno}")),
+        }
+    }
+    println!("fuzz: {iterations} random ioctls (seed {seed}): {outcomes:?}");
+    println!(
+        "fuzz: {} random mmaps, {mapped} mapped and unmapped",
+        iterations / 10
+    );
+    Ok(())
+}
