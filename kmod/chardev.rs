@@ -69,6 +69,7 @@ impl MiscDevice for PcieIpcFile {
             uapi::PCIEIPC_IOC_LINK_STATUS => fault::link_status(arg),
             uapi::PCIEIPC_IOC_LINK_RETRAIN => fault::link_retrain(&me.fault, arg),
             uapi::PCIEIPC_IOC_WATCH => fault::watch(&me.fault, arg),
+            uapi::PCIEIPC_IOC_RESET => fault::reset(&me.fault, arg),
             _ => Err(ENOTTY),
         }
     }

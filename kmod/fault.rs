@@ -7,12 +7,14 @@ use kernel::{
     bindings, new_mutex,
     prelude::*,
     sync::{Arc, Mutex},
+    time::{Instant, Monotonic},
 };
 
 use crate::{
     events::EventLog,
     link,
     pci_function::PciFunction,
+    registry,
     uapi::{self, ArgszArg},
     watch::Watch,
 };
@@ -112,6 +114,32 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
     arg.value.elapsed_us = retrain.elapsed_us;
     arg.write_back()?;
     retrain.outcome.map(|()| 0)
+}
+
+/// `PCIEIPC_IOC_RESET`.
+pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
+    require_admin()?;
+    let mut arg = ArgszArg::<uapi::pcieipc_reset>::read(arg, size_of::<uapi::pcieipc_reset>())?;
+    if arg.value.flags != 0 {
+        return Err(EINVAL);
+    }
+    let device = registry::get(arg.value.device)?;
+    device.check_usable()?;
+    let function = PciFunction::find(device.info.bdf)?;
+    device.set_recovery_state(uapi::PCIEIPC_STATE_FROZEN);
+    let start = Instant::<Monotonic>::now();
+    let outcome = function.reset();
+    arg.value.elapsed_us = start.elapsed().as_micros_ceil().clamp(0, u32::MAX as i64) as u32;
+    device.set_recovery_state(uapi::PCIEIPC_STATE_BOUND);
+    state.events.emit(uapi::pcieipc_event {
+        kind: uapi::PCIEIPC_EVENT_RESET,
+        bdf: device.info.bdf,
+        result: outcome.err().map_or(0, |e| e.to_errno()) as u32,
+        ..Default::default()
+    });
+    outcome?;
+    arg.write_back()?;
+    Ok(0)
 }
 
 /// `PCIEIPC_IOC_WATCH`.

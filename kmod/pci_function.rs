@@ -165,6 +165,13 @@ impl PciFunction {
         }
     }
 
+    /// The kernel's function reset: save config space, reset by the best
+    /// method available, restore (takes the device lock itself).
+    pub(crate) fn reset(&self) -> Result {
+        // SAFETY: `dev` is valid; the function serialises with the driver core.
+        to_result(unsafe { bindings::pci_reset_function(self.dev.as_ptr()) })
+    }
+
     /// The AER capability's registers now (all zero, `present` 0, without one).
     pub(crate) fn aer_regs(&self) -> uapi::pcieipc_aer_regs {
         // SAFETY: `dev` is valid; the walk reads config space only.

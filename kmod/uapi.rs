@@ -39,6 +39,7 @@ plain_abi_struct!(
     pcieipc_link_status,
     pcieipc_link_retrain,
     pcieipc_watch,
+    pcieipc_reset,
     pcieipc_aer_regs,
     pcieipc_event,
 );

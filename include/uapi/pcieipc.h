@@ -46,6 +46,7 @@ enum pcieipc_cmd {
 	PCIEIPC_CMD_LINK_STATUS = 0x20,
 	PCIEIPC_CMD_LINK_RETRAIN = 0x21,
 	PCIEIPC_CMD_WATCH = 0x22,
+	PCIEIPC_CMD_RESET = 0x23,
 };
 
 /* Length of pcieipc_version.module_version, NUL included. */
@@ -325,9 +326,26 @@ struct pcieipc_watch {
 	__u32 period_ms;
 };
 
+/*
+ * PCIEIPC_IOC_RESET (CAP_SYS_ADMIN): resets a bound device (`device` as in
+ * LIST) with the kernel's function reset, which saves the config space,
+ * resets by the best method the device offers (FLR, PM, or a secondary bus
+ * reset of a port it sits alone under) and restores it. The device reads as
+ * frozen meanwhile (waiters wake with EIO); a PCIEIPC_EVENT_RESET is emitted
+ * with the result. Errors: ENOENT, ENODEV (gone), ENOTTY (no reset method),
+ * EPERM, EINVAL.
+ */
+struct pcieipc_reset {
+	__u32 argsz;
+	__u32 flags;
+	__u32 device;
+	__u32 elapsed_us;  /* out */
+};
+
 #define PCIEIPC_IOC_LINK_STATUS _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_LINK_STATUS)
 #define PCIEIPC_IOC_LINK_RETRAIN _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_LINK_RETRAIN)
 #define PCIEIPC_IOC_WATCH _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_WATCH)
+#define PCIEIPC_IOC_RESET _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_RESET)
 
 /* ---- Events: read() on /dev/pcieipc returns whole struct pcieipc_event ---- */
 

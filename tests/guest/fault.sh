@@ -55,6 +55,13 @@ check "monitor --json output is JSON lines with decoded kinds" sh -c '
 check "monitor prints human lines" sh -c 'pcieipc monitor --no-wait | tail -3 | grep -q "#"'
 check "unwatch, and unwatch again: ENOENT" sh -c '
     pcieipc link unwatch 0000:00:11.0 && ! pcieipc link unwatch 0000:00:11.0 2>/tmp/e && grep -q ENOENT /tmp/e'
+check "function reset of edu: a RESET event, the device bound after" sh -c '
+    index=$(pcieipc device list --json | tr "{" "\n" | grep "\"bdf\":\"0000:01:00.0\"" | sed "s/.*\"index\":\([0-9]*\).*/\1/") &&
+    [ -n "$index" ] && pcieipc device reset "$index" &&
+    pcieipc monitor --no-wait --json | grep "\"kind\":\"reset\",\"bdf\":\"0000:01:00.0\"" | grep -q "\"result\":\"ok\"" &&
+    pcieipc device list | grep 0000:01:00.0 | grep -q Bound'
+check "reset of a device index that does not exist: ENOENT" sh -c '
+    ! pcieipc device reset 999 2>/tmp/e && grep -q ENOENT /tmp/e'
 check "rmmod with a watch still active" rmmod pcieipc
 check "insmod again: the event log starts empty" sh -c '
     insmod /lib/modules/pcieipc.ko && [ -z "$(pcieipc monitor --no-wait)" ] && rmmod pcieipc'

@@ -42,6 +42,8 @@ enum DeviceCommand {
     Counters { device: u32 },
     /// Ring VECTOR of ivshmem peer PEER through DEVICE's doorbell.
     Ring { device: u32, peer: u16, vector: u16 },
+    /// Function reset of DEVICE (config space saved and restored); emits a RESET event.
+    Reset { device: u32 },
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -129,6 +131,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             peer,
             vector,
         } => device.ring(index, peer, vector)?,
+        DeviceCommand::Reset { device: index } => {
+            let took = device.reset(index)?;
+            println!("device {index} reset in {} us", took.as_micros());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -33,6 +33,7 @@ pub const PCIEIPC_WATCH_REMOVE: u32 = 2;
 pub const PCIEIPC_IOC_LINK_STATUS: u32 = 55072;
 pub const PCIEIPC_IOC_LINK_RETRAIN: u32 = 55073;
 pub const PCIEIPC_IOC_WATCH: u32 = 55074;
+pub const PCIEIPC_IOC_RESET: u32 = 55075;
 pub const PCIEIPC_EVENT_RING_CAPACITY: u32 = 256;
 pub type __u8 = ::core::ffi::c_uchar;
 pub type __u16 = ::core::ffi::c_ushort;
@@ -46,6 +47,7 @@ pub const PCIEIPC_CMD_RING: pcieipc_cmd = 4;
 pub const PCIEIPC_CMD_LINK_STATUS: pcieipc_cmd = 32;
 pub const PCIEIPC_CMD_LINK_RETRAIN: pcieipc_cmd = 33;
 pub const PCIEIPC_CMD_WATCH: pcieipc_cmd = 34;
+pub const PCIEIPC_CMD_RESET: pcieipc_cmd = 35;
 pub type pcieipc_cmd = ::core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
@@ -393,6 +395,27 @@ const _: () = {
     ["Offset of field: pcieipc_watch::bdf"][::core::mem::offset_of!(pcieipc_watch, bdf) - 8usize];
     ["Offset of field: pcieipc_watch::period_ms"]
         [::core::mem::offset_of!(pcieipc_watch, period_ms) - 12usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_reset {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub device: __u32,
+    pub elapsed_us: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_reset"][::core::mem::size_of::<pcieipc_reset>() - 16usize];
+    ["Alignment of pcieipc_reset"][::core::mem::align_of::<pcieipc_reset>() - 4usize];
+    ["Offset of field: pcieipc_reset::argsz"]
+        [::core::mem::offset_of!(pcieipc_reset, argsz) - 0usize];
+    ["Offset of field: pcieipc_reset::flags"]
+        [::core::mem::offset_of!(pcieipc_reset, flags) - 4usize];
+    ["Offset of field: pcieipc_reset::device"]
+        [::core::mem::offset_of!(pcieipc_reset, device) - 8usize];
+    ["Offset of field: pcieipc_reset::elapsed_us"]
+        [::core::mem::offset_of!(pcieipc_reset, elapsed_us) - 12usize];
 };
 pub const PCIEIPC_EVENT_OVERFLOW: pcieipc_event_kind = 1;
 pub const PCIEIPC_EVENT_AER: pcieipc_event_kind = 2;

@@ -68,6 +68,12 @@ pub mod ioctl {
         PCIEIPC_IOC_WATCH,
         pcieipc_watch
     );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_RESET`: resets a bound device.
+        reset,
+        PCIEIPC_IOC_RESET,
+        pcieipc_reset
+    );
 }
 
 /// `PCIEIPC_MMAP_OFFSET(index, bar)` of the header (a function-like macro,

@@ -141,6 +141,7 @@ fn ioctl_numbers_follow_the_vfio_convention() {
         (PCIEIPC_IOC_LINK_STATUS, PCIEIPC_CMD_LINK_STATUS),
         (PCIEIPC_IOC_LINK_RETRAIN, PCIEIPC_CMD_LINK_RETRAIN),
         (PCIEIPC_IOC_WATCH, PCIEIPC_CMD_WATCH),
+        (PCIEIPC_IOC_RESET, PCIEIPC_CMD_RESET),
     ] {
         assert_eq!(ioctl, (PCIEIPC_IOC_MAGIC << 8) | cmd);
     }

@@ -62,6 +62,20 @@ impl Device {
         })
     }
 
+    /// `PCIEIPC_IOC_RESET`: function reset of bound device `index`; returns
+    /// how long it took.
+    pub fn reset(&self, index: u32) -> Result<Duration, DeviceError> {
+        let mut arg = uapi::pcieipc_reset {
+            argsz: size_of::<uapi::pcieipc_reset>() as u32,
+            device: index,
+            ..Default::default()
+        };
+        // SAFETY: `arg` is a live `pcieipc_reset` with its argsz set.
+        unsafe { uapi::ioctl::reset(self.file.as_raw_fd(), &mut arg) }
+            .map_err(|errno| self.ioctl_error("PCIEIPC_IOC_RESET", errno))?;
+        Ok(Duration::from_micros(arg.elapsed_us as u64))
+    }
+
     /// `PCIEIPC_IOC_WATCH` with ADD: check `bdf` every `period`.
     pub fn watch(&self, bdf: u32, period: Duration) -> Result<(), DeviceError> {
         self.watch_call(bdf, uapi::PCIEIPC_WATCH_ADD, period.as_millis().min(u32::MAX as u128) as u32)
