@@ -217,6 +217,23 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
     };
     let mut reader = Device::open_with(DEFAULT_PATH, true).map_err(|e| e.to_string())?;
     drain(&mut reader)?;
+    let index = reader
+        .list()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|d| d.bdf == bdf_text)
+        .map(|d| d.index)
+        .ok_or_else(|| format!("{bdf_text} is not bound"))?;
+    // A process waiting on the device's interrupt while it is frozen must
+    // wake with EIO, not sleep through the recovery; a non-fatal error
+    // leaves the device usable, so a short wait just times out.
+    let wait_for = if want_severity == Severity::Fatal { Duration::from_secs(20) } else { Duration::from_secs(1) };
+    let waiter = std::thread::spawn(move || {
+        let device = Device::open(DEFAULT_PATH).map_err(|e| e.to_string())?;
+        let counts = device.counters(index).map_err(|e| e.to_string())?;
+        Ok::<_, String>(device.wait(index, 0, counts[0], Some(wait_for)).map_err(|e| e.errno()))
+    });
+    std::thread::sleep(Duration::from_millis(200));
     let answer = std::process::Command::new("host")
         .args(["hmp", &format!("pcie_aer_inject_error {inject}")])
         .output()
@@ -259,6 +276,14 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
     if error.severity != want_severity {
         return Err(format!("bit {bit} ({}) decoded as {:?}, expected {want_severity:?}", error.short, error.severity));
     }
+    let waited = waiter.join().map_err(|_| "waiter panicked")??;
+    let waiter_ok = match want_severity {
+        Severity::Fatal => waited == Err(Some(Errno::EIO)),
+        _ => waited == Ok(pcieipc::device::WaitResult::TimedOut),
+    };
+    if !waiter_ok {
+        return Err(format!("a waiter across the recovery got {waited:?}"));
+    }
     let device = Device::open(DEFAULT_PATH).map_err(|e| e.to_string())?;
     let state = device
         .list()
@@ -271,7 +296,7 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
         return Err(format!("{bdf_text} is {state:?} after recovery, not bound"));
     }
     println!(
-        "{inject}: [{bit}] {} ({}) {:?}, steps {steps:?}, result {:?}; device bound again",
+        "{inject}: [{bit}] {} ({}) {:?}, steps {steps:?}, result {:?}; waiter got {waited:?}; device bound again",
         error.short,
         error.name,
         error.severity,
