@@ -279,7 +279,34 @@ fn combine_with<T: Element>(dst: &mut [T], peer: &[T], own: Option<&[T]>, f: imp
 /// `dst = peer (op) own`, or `dst = peer (op) dst` when `own` is `None` (the
 /// in-place case, where the rank's own contribution already sits in `dst`).
 /// [`ReduceOp::Avg`] sums here; [`finish_avg`] divides once at the end.
+///
+/// The same loop is compiled twice and picked at run time: for AVX2, and for
+/// the baseline x86-64 (SSE2) the crate is built for. Data a peer has just
+/// written sits in the cache, where the vector width, not memory, bounds the
+/// loop. (An AVX-512F-only build of the float min/max loops trips an LLVM
+/// instruction-selection bug, and 256-bit vectors already match the cache's
+/// load width.)
 pub(crate) fn combine<T: Element>(op: ReduceOp, dst: &mut [T], peer: &[T], own: Option<&[T]>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { combine_avx2(op, dst, peer, own) };
+        }
+    }
+    combine_baseline(op, dst, peer, own)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn combine_avx2<T: Element>(op: ReduceOp, dst: &mut [T], peer: &[T], own: Option<&[T]>) {
+    combine_baseline(op, dst, peer, own)
+}
+
+#[inline(always)]
+fn combine_baseline<T: Element>(op: ReduceOp, dst: &mut [T], peer: &[T], own: Option<&[T]>) {
     match op {
         ReduceOp::Sum | ReduceOp::Avg => combine_with(dst, peer, own, T::sum),
         ReduceOp::Prod => combine_with(dst, peer, own, T::prod),
