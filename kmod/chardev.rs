@@ -6,38 +6,59 @@ use kernel::{
     fs::File,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
     mm::virt::VmaNew,
+    new_mutex,
     prelude::*,
+    sync::Mutex,
 };
 
 use crate::{
-    bar_mmap, device_ioctls, registry,
+    bar_mmap, device_ioctls,
+    dma_ioctls::{self, DmaFile},
+    registry,
     uapi::{self, ArgszArg},
 };
 
-/// Per-open-file state.
-pub(crate) struct PcieIpcFile;
+/// Per-open-file state: the file's DMA buffers and tickets.
+#[pin_data]
+pub(crate) struct PcieIpcFile {
+    #[pin]
+    dma: Mutex<DmaFile>,
+}
 
 #[vtable]
 impl MiscDevice for PcieIpcFile {
-    type Ptr = KBox<Self>;
+    type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
-        KBox::new(PcieIpcFile, GFP_KERNEL).map_err(Into::into)
+    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        KBox::try_pin_init(
+            try_pin_init!(PcieIpcFile {
+                dma <- new_mutex!(DmaFile::new()),
+            }),
+            GFP_KERNEL,
+        )
     }
 
-    fn ioctl(_me: &PcieIpcFile, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    fn ioctl(me: Pin<&PcieIpcFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
             uapi::PCIEIPC_IOC_VERSION => version(arg),
             uapi::PCIEIPC_IOC_LIST => device_ioctls::list(arg),
             uapi::PCIEIPC_IOC_WAIT => device_ioctls::wait(arg),
             uapi::PCIEIPC_IOC_COUNTERS => device_ioctls::counters(arg),
             uapi::PCIEIPC_IOC_RING => device_ioctls::ring(arg),
+            uapi::PCIEIPC_IOC_DMA_ALLOC => dma_ioctls::alloc(&me.dma, arg),
+            uapi::PCIEIPC_IOC_DMA_COPY => dma_ioctls::copy(&me.dma, arg),
+            uapi::PCIEIPC_IOC_DMA_WAIT => dma_ioctls::wait(&me.dma, arg),
             _ => Err(ENOTTY),
         }
     }
 
-    fn mmap(_me: &PcieIpcFile, _file: &File, vma: &VmaNew) -> Result {
-        bar_mmap::mmap(vma)
+    fn mmap(me: Pin<&PcieIpcFile>, _file: &File, vma: &VmaNew) -> Result {
+        let offset = bar_mmap::file_offset(vma)?;
+        if offset & uapi::PCIEIPC_MMAP_DMA != 0 {
+            dma_ioctls::mmap(&me.dma, vma, offset)
+        } else {
+            bar_mmap::mmap(vma, offset)
+        }
     }
 }
 

@@ -30,6 +30,7 @@ fabric.toml hostctl.sh unplug-ivs1.sh
 datapath.toml datapath-list.sh
 datapath.toml datapath-ipc.sh
 datapath.toml datapath-fuzz.sh
+datapath.toml datapath-dma.sh
 ivshmem-quad.toml datapath-ring4.sh
 LIST
 

@@ -34,6 +34,10 @@ const CONSTANTS: &[(&str, u64)] = &[
     ("PCIEIPC_IOC_WAIT", PCIEIPC_IOC_WAIT as u64),
     ("PCIEIPC_IOC_COUNTERS", PCIEIPC_IOC_COUNTERS as u64),
     ("PCIEIPC_IOC_RING", PCIEIPC_IOC_RING as u64),
+    ("PCIEIPC_IOC_DMA_ALLOC", PCIEIPC_IOC_DMA_ALLOC as u64),
+    ("PCIEIPC_IOC_DMA_COPY", PCIEIPC_IOC_DMA_COPY as u64),
+    ("PCIEIPC_IOC_DMA_WAIT", PCIEIPC_IOC_DMA_WAIT as u64),
+    ("PCIEIPC_MMAP_DMA", PCIEIPC_MMAP_DMA),
     ("PCIEIPC_ABI_MAJOR", PCIEIPC_ABI_MAJOR as u64),
     ("PCIEIPC_ABI_MINOR", PCIEIPC_ABI_MINOR as u64),
     ("PCIEIPC_MMAP_OFFSET(3, 2)", mmap_offset(3, 2)),
@@ -51,6 +55,12 @@ fn layouts() -> (Vec<(String, u64)>, String) {
         pcieipc_wait { argsz, flags, device, vector, last_seen, timeout_ms, reserved, count }
         pcieipc_counters { argsz, flags, device, num_vectors, counts }
         pcieipc_ring { argsz, flags, device, peer, vector }
+        pcieipc_dma_alloc { argsz, flags, device, buffer, size, bus_addr, mmap_offset }
+        pcieipc_dma_copy {
+            argsz, flags, device, src_buffer, dst_buffer, engine, src_offset, dst_offset, length,
+            ticket
+        }
+        pcieipc_dma_wait { argsz, flags, ticket, timeout_ms, reserved }
     }
 }
 
@@ -119,6 +129,9 @@ fn ioctl_numbers_follow_the_vfio_convention() {
     assert_eq!(PCIEIPC_IOC_WAIT, (PCIEIPC_IOC_MAGIC << 8) | PCIEIPC_CMD_WAIT);
     assert_eq!(PCIEIPC_IOC_COUNTERS, (PCIEIPC_IOC_MAGIC << 8) | PCIEIPC_CMD_COUNTERS);
     assert_eq!(PCIEIPC_IOC_RING, (PCIEIPC_IOC_MAGIC << 8) | PCIEIPC_CMD_RING);
+    assert_eq!(PCIEIPC_IOC_DMA_ALLOC, (PCIEIPC_IOC_MAGIC << 8) | PCIEIPC_CMD_DMA_ALLOC);
+    assert_eq!(PCIEIPC_IOC_DMA_COPY, (PCIEIPC_IOC_MAGIC << 8) | PCIEIPC_CMD_DMA_COPY);
+    assert_eq!(PCIEIPC_IOC_DMA_WAIT, (PCIEIPC_IOC_MAGIC << 8) | PCIEIPC_CMD_DMA_WAIT);
 }
 
 #[test]
@@ -131,4 +144,7 @@ fn abi_structs_have_no_implicit_padding() {
     assert_eq!(size_of::<pcieipc_wait>(), 4 * 4 + 8 + 2 * 4 + 8);
     assert_eq!(size_of::<pcieipc_counters>(), 4 * 4 + 8 * PCIEIPC_MAX_VECTORS as usize);
     assert_eq!(size_of::<pcieipc_ring>(), 3 * 4 + 2 * 2);
+    assert_eq!(size_of::<pcieipc_dma_alloc>(), 4 * 4 + 3 * 8);
+    assert_eq!(size_of::<pcieipc_dma_copy>(), 6 * 4 + 4 * 8);
+    assert_eq!(size_of::<pcieipc_dma_wait>(), 2 * 4 + 8 + 2 * 4);
 }

@@ -13,13 +13,15 @@ use std::{
 
 use pcieipc_uapi as uapi;
 
-mod bar_window;
+mod dma;
 mod info;
 mod interrupts;
+mod mapped_window;
 
-pub use bar_window::BarWindow;
+pub use dma::{DmaBuffer, DmaEngine, DmaTicket, DmaWaitResult};
 pub use info::{BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
 pub use interrupts::WaitResult;
+pub use mapped_window::MappedWindow;
 
 /// Where the module's misc device appears.
 pub const DEFAULT_PATH: &str = "/dev/pcieipc";
