@@ -7,6 +7,8 @@ use pcieipc_testbed::tree::{compare, scan, TreeLine};
 
 // The data-path checks; under guest/ so that cargo does not take them for
 // binaries of their own.
+#[path = "guest/caps.rs"]
+mod caps;
 #[path = "guest/common.rs"]
 mod common;
 #[path = "guest/dma.rs"]
@@ -97,6 +99,8 @@ enum Command {
     },
     /// Bad DMA requests are refused with the documented errnos.
     DmaErrors,
+    /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
+    CapsCheck,
     /// Random ioctls and mmaps: only errnos come back.
     Fuzz {
         #[arg(long, default_value_t = 10_000)]
@@ -137,6 +141,7 @@ fn main() -> ExitCode {
         Command::MmapGone { device } => report(windows::gone(device)),
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
+        Command::CapsCheck => report(caps::run()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
         Command::Tree { expect, sysfs } => {
             let expected: Result<Vec<TreeLine>, String> = match std::fs::read_to_string(&expect) {
