@@ -26,14 +26,8 @@ extern "C" {
 /// Maps the window the VMA's offset names, or refuses: `ENOENT` (no such
 /// device), `ENODEV` (gone), `EINVAL` (no such BAR, not a mappable memory
 /// BAR, or the window passes the BAR's end), `EPERM`.
-pub(crate) fn mmap(vma: &VmaNew) -> Result {
+pub(crate) fn mmap(vma: &VmaNew, offset: u64) -> Result {
     require_sys_admin()?;
-    // SAFETY: `vma` is a VMA under construction; `vm_pgoff` is plain data.
-    let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
-    let offset = pgoff.checked_shl(PAGE_SHIFT as u32).ok_or(EINVAL)?;
-    if offset >> PAGE_SHIFT != pgoff {
-        return Err(EINVAL);
-    }
     let index = u32::try_from(offset >> INDEX_SHIFT).map_err(|_| EINVAL)?;
     let bar = ((offset >> BAR_SHIFT) & ((1 << (INDEX_SHIFT - BAR_SHIFT)) - 1)) as usize;
     let in_bar = offset & ((1u64 << BAR_SHIFT) - 1);
@@ -67,4 +61,16 @@ pub(crate) fn mmap(vma: &VmaNew) -> Result {
         )
     };
     kernel::error::to_result(ret)
+}
+
+/// The file offset of `vma` (a VMA under construction), or EINVAL when it
+/// does not fit 64 bits.
+pub(crate) fn file_offset(vma: &VmaNew) -> Result<u64> {
+    // SAFETY: `vma` is a VMA under construction; `vm_pgoff` is plain data.
+    let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
+    let offset = pgoff.checked_shl(PAGE_SHIFT as u32).ok_or(EINVAL)?;
+    if offset >> PAGE_SHIFT != pgoff {
+        return Err(EINVAL);
+    }
+    Ok(offset)
 }

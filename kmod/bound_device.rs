@@ -13,11 +13,14 @@ use kernel::{
     new_condvar, new_spinlock_irq,
     pci,
     prelude::*,
-    sync::{CondVar, CondVarTimeoutResult, SpinLockIrq},
+    sync::{aref::ARef, CondVar, CondVarTimeoutResult, SpinLockIrq},
     time::{msecs_to_jiffies, Jiffies},
 };
 
-use crate::uapi;
+use crate::{
+    dma_engine::{CopyEngine, CpuEngine, EduCopyEngine, EduEngine, Transfer, EDU_IRQ_DMA},
+    uapi,
+};
 
 /// Number of counters kept per device.
 pub(crate) const MAX_VECTORS: usize = uapi::PCIEIPC_MAX_VECTORS as usize;
@@ -89,8 +92,13 @@ pub(crate) struct BoundDevice {
     /// The handle userspace passes to every ioctl.
     pub(crate) index: u32,
     pub(crate) info: DeviceInfo,
+    /// The PCI device, for DMA allocations (a reference: it outlives unbind).
+    pub(crate) pdev: ARef<pci::Device>,
     /// BAR0, for the kinds whose registers the module drives.
     pub(crate) regs: Option<RegisterBar>,
+    /// edu's DMA engine (idle on other kinds).
+    #[pin]
+    edu_dma: EduEngine,
     #[pin]
     events: SpinLockIrq<Events>,
     /// Notified on every interrupt and on every state change.
@@ -102,12 +110,15 @@ impl BoundDevice {
     pub(crate) fn new(
         index: u32,
         info: DeviceInfo,
+        pdev: ARef<pci::Device>,
         regs: Option<RegisterBar>,
     ) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
             index,
             info,
+            pdev,
             regs,
+            edu_dma <- EduEngine::new(),
             events <- new_spinlock_irq!(Events {
                 counts: [0; MAX_VECTORS],
                 state: uapi::PCIEIPC_STATE_BOUND,
@@ -120,7 +131,10 @@ impl BoundDevice {
     /// wakes every waiter (all of them: each checks its own vector).
     pub(crate) fn interrupt(&self, vector: usize) {
         if self.info.kind == DeviceKind::Edu {
-            self.acknowledge_edu();
+            let status = self.acknowledge_edu();
+            if let (true, Some(regs)) = (status & EDU_IRQ_DMA != 0, &self.regs) {
+                self.edu_dma.step(regs);
+            }
         }
         let mut events = self.events.lock();
         if let Some(count) = events.counts.get_mut(vector) {
@@ -131,21 +145,47 @@ impl BoundDevice {
     }
 
     /// edu keeps its interrupt raised until the status bits are written back
-    /// to its acknowledge register.
-    fn acknowledge_edu(&self) {
+    /// to its acknowledge register; returns those bits.
+    fn acknowledge_edu(&self) -> u32 {
         const EDU_IRQ_STATUS: usize = 0x24;
         const EDU_IRQ_ACK: usize = 0x64;
-        if let Some(bar) = self.regs.as_ref().and_then(|regs| regs.try_access()) {
-            if let Ok(status) = bar.try_read32(EDU_IRQ_STATUS) {
-                let _ = bar.try_write32(status, EDU_IRQ_ACK);
+        let Some(bar) = self.regs.as_ref().and_then(|regs| regs.try_access()) else {
+            return 0;
+        };
+        let status = bar.try_read32(EDU_IRQ_STATUS).unwrap_or(0);
+        if status != 0 {
+            let _ = bar.try_write32(status, EDU_IRQ_ACK);
+        }
+        status
+    }
+
+    /// Runs `transfer` on the device's copy engine (edu's DMA engine, else
+    /// the CPU); returns the `pcieipc_dma_engine` used.
+    pub(crate) fn submit_copy(&self, transfer: Transfer) -> Result<u32> {
+        match (&self.regs, self.info.kind) {
+            (Some(regs), DeviceKind::Edu) => {
+                let engine = EduCopyEngine {
+                    engine: &self.edu_dma,
+                    regs,
+                };
+                engine.submit(transfer)?;
+                Ok(engine.kind())
+            }
+            _ => {
+                CpuEngine.submit(transfer)?;
+                Ok(CpuEngine.kind())
             }
         }
     }
 
-    /// Marks the device gone (unbind) and wakes every waiter.
+    /// Marks the device gone (unbind), wakes every waiter, and stops its DMA
+    /// engine (waiting for a command in flight to end).
     pub(crate) fn mark_gone(&self) {
         self.events.lock().state = uapi::PCIEIPC_STATE_GONE;
         self.changed.notify_all();
+        if let Some(regs) = &self.regs {
+            self.edu_dma.close(regs);
+        }
     }
 
     pub(crate) fn state(&self) -> u32 {

@@ -15,15 +15,19 @@ use kernel::{
 
 use crate::{
     bar_mmap, device_ioctls,
+    dma_ioctls::{self, DmaFile},
     events::EventLog,
     fault::{self, FaultState},
     poll, registry,
     uapi::{self, ArgszArg},
 };
 
-/// Per-open-file state.
+/// Per-open-file state: the file's DMA buffers and tickets, and its cursor
+/// in the event log.
 #[pin_data]
 pub(crate) struct PcieIpcFile {
+    #[pin]
+    dma: Mutex<DmaFile>,
     fault: Arc<FaultState>,
     /// Sequence number of the next event this file reads.
     #[pin]
@@ -50,6 +54,7 @@ impl MiscDevice for PcieIpcFile {
         let cursor = fault.events.first_cursor();
         let me = KBox::pin_init(
             try_pin_init!(PcieIpcFile {
+                dma <- new_mutex!(DmaFile::new()),
                 fault,
                 event_cursor <- new_mutex!(cursor),
             }),
@@ -66,6 +71,9 @@ impl MiscDevice for PcieIpcFile {
             uapi::PCIEIPC_IOC_WAIT => device_ioctls::wait(arg),
             uapi::PCIEIPC_IOC_COUNTERS => device_ioctls::counters(arg),
             uapi::PCIEIPC_IOC_RING => device_ioctls::ring(arg),
+            uapi::PCIEIPC_IOC_DMA_ALLOC => dma_ioctls::alloc(&me.dma, arg),
+            uapi::PCIEIPC_IOC_DMA_COPY => dma_ioctls::copy(&me.dma, arg),
+            uapi::PCIEIPC_IOC_DMA_WAIT => dma_ioctls::wait(&me.dma, arg),
             uapi::PCIEIPC_IOC_LINK_STATUS => fault::link_status(arg),
             uapi::PCIEIPC_IOC_LINK_RETRAIN => fault::link_retrain(&me.fault, arg),
             uapi::PCIEIPC_IOC_WATCH => fault::watch(&me.fault, arg),
@@ -74,8 +82,13 @@ impl MiscDevice for PcieIpcFile {
         }
     }
 
-    fn mmap(_me: Pin<&PcieIpcFile>, _file: &File, vma: &VmaNew) -> Result {
-        bar_mmap::mmap(vma)
+    fn mmap(me: Pin<&PcieIpcFile>, _file: &File, vma: &VmaNew) -> Result {
+        let offset = bar_mmap::file_offset(vma)?;
+        if offset & uapi::PCIEIPC_MMAP_DMA != 0 {
+            dma_ioctls::mmap(&me.dma, vma, offset)
+        } else {
+            bar_mmap::mmap(vma, offset)
+        }
     }
 
     /// Whole `pcieipc_event` records; see the header.

@@ -137,7 +137,7 @@ impl pci::Driver for PcieIpcDriver {
             bars: pci_info::bars(bound, regs.as_ref().map(|_| 0)),
         };
         let device = Arc::pin_init(
-            BoundDevice::new(registry::next_index(), device_info, regs),
+            BoundDevice::new(registry::next_index(), device_info, bound.into(), regs),
             GFP_KERNEL,
         )?;
         if let Some(irqs) = irqs.as_mut() {

@@ -9,7 +9,7 @@ use kernel::{bindings, device::Bound, io::Io, pci};
 use crate::{bound_device::BarInfo, uapi};
 
 /// The raw `struct pci_dev` behind `pdev`.
-fn raw(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
+fn raw<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> *mut bindings::pci_dev {
     // `pci::Device` is `repr(transparent)` over `Opaque<bindings::pci_dev>`,
     // whose `UnsafeCell` allows writes through the pointer.
     core::ptr::from_ref(pdev).cast_mut().cast()
@@ -133,4 +133,10 @@ pub(crate) fn has_driver_override(pdev: &pci::Device<Bound>) -> bool {
         core::ptr::read_volatile(core::ptr::addr_of!((*raw(pdev)).dev.driver_override.name))
     };
     !name.is_null()
+}
+
+/// The raw `struct device` of `pdev` (the DMA API takes it).
+pub(crate) fn raw_device(pdev: &pci::Device) -> *mut bindings::device {
+    // SAFETY: `raw(pdev)` is a live `pci_dev`; `dev` is embedded in it.
+    unsafe { core::ptr::addr_of_mut!((*raw(pdev)).dev) }
 }

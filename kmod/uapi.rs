@@ -66,6 +66,9 @@ plain_abi_struct!(
     pcieipc_wait,
     pcieipc_counters,
     pcieipc_ring,
+    pcieipc_dma_alloc,
+    pcieipc_dma_copy,
+    pcieipc_dma_wait,
 );
 
 /// An ioctl argument of an argsz-versioned struct (see the header's

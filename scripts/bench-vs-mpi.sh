@@ -57,10 +57,19 @@ python3 - "$work" "$REPEAT" <<'EOF'
 import json, sys
 work, repeat = sys.argv[1], int(sys.argv[2])
 
+try:
+    import jsonschema
+    schema = json.load(open("docs/schemas/bench-v1.schema.json"))
+except ImportError:
+    jsonschema = None
+    print("# bench JSON not validated against docs/schemas/bench-v1.schema.json: python3-jsonschema missing")
+
 def pcieipc(name):
     best = {}
     for run in range(1, repeat + 1):
         report = json.load(open(f"{work}/{name}-{run}.json"))
+        if jsonschema:
+            jsonschema.validate(report, schema)
         if report["wrong"]:
             sys.exit(f"pcieipc bench reported {report['wrong']} wrong values")
         for row in report["results"]:

@@ -32,6 +32,7 @@ fabric.toml aer.sh
 datapath.toml datapath-list.sh
 datapath.toml datapath-ipc.sh
 datapath.toml datapath-fuzz.sh
+datapath.toml datapath-dma.sh
 ivshmem-quad.toml datapath-ring4.sh
 LIST
 

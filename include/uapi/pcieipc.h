@@ -42,6 +42,9 @@ enum pcieipc_cmd {
 	PCIEIPC_CMD_WAIT = 0x02,
 	PCIEIPC_CMD_COUNTERS = 0x03,
 	PCIEIPC_CMD_RING = 0x04,
+	PCIEIPC_CMD_DMA_ALLOC = 0x05,
+	PCIEIPC_CMD_DMA_COPY = 0x06,
+	PCIEIPC_CMD_DMA_WAIT = 0x07,
 	/* The fault path. */
 	PCIEIPC_CMD_LINK_STATUS = 0x20,
 	PCIEIPC_CMD_LINK_RETRAIN = 0x21,
@@ -237,6 +240,91 @@ struct pcieipc_ring {
 };
 
 #define PCIEIPC_IOC_RING _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_RING)
+
+/*
+ * mmap offset of DMA buffer `buffer` (a handle of DMA_ALLOC):
+ * PCIEIPC_MMAP_DMA | (buffer << PCIEIPC_MMAP_BAR_SHIFT) | offset_in_buffer.
+ * DMA_ALLOC reports it. Only the file that allocated a buffer maps it.
+ */
+#define PCIEIPC_MMAP_DMA (1ull << 62)
+
+/* Largest DMA buffer, and buffers per open file. */
+#define PCIEIPC_DMA_MAX_SIZE (16u << 20)
+#define PCIEIPC_DMA_MAX_BUFFERS 64
+
+/*
+ * PCIEIPC_IOC_DMA_ALLOC: a coherent DMA buffer for device `device`, zeroed,
+ * owned by this open file: freed when the file is released (after its last
+ * mapping is gone), so a mapping never outlives its memory. Needs
+ * CAP_SYS_ADMIN. In: argsz, flags (0), device, size (> 0, <=
+ * PCIEIPC_DMA_MAX_SIZE; rounded up to pages). Out: buffer (handle), size,
+ * bus_addr (the address the device uses), mmap_offset.
+ * Errors: ENOSPC (PCIEIPC_DMA_MAX_BUFFERS reached), ENOMEM, ENODEV, ENOENT,
+ * EINVAL, EPERM.
+ */
+struct pcieipc_dma_alloc {
+	__u32 argsz;
+	__u32 flags;
+	__u32 device;
+	__u32 buffer;
+	__u64 size;
+	__u64 bus_addr;
+	__u64 mmap_offset;
+};
+
+#define PCIEIPC_IOC_DMA_ALLOC _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_DMA_ALLOC)
+
+/* pcieipc_dma_copy.engine: who executes a copy. */
+enum pcieipc_dma_engine {
+	/* A CPU copy in the submitting thread: devices without a DMA engine. */
+	PCIEIPC_ENGINE_CPU = 1,
+	/* edu's DMA engine, through its 4 KiB window, one chunk per interrupt. */
+	PCIEIPC_ENGINE_EDU = 2,
+};
+
+/*
+ * PCIEIPC_IOC_DMA_COPY: copy `length` bytes from buffer `src_buffer` at
+ * `src_offset` to buffer `dst_buffer` at `dst_offset`, both buffers of this
+ * file allocated for `device`, with that device's engine. Needs
+ * CAP_SYS_ADMIN. Out: engine, ticket (for DMA_WAIT). The buffers stay
+ * allocated until the copy ends even if the file is closed.
+ * Errors: EBUSY (the engine runs another copy: wait for its ticket first;
+ * or 64 tickets of this file are not collected yet),
+ * ENOENT (no such buffer or device), EINVAL (ranges past a buffer's end,
+ * length 0, buffers of another device), ENODEV, EPERM.
+ */
+struct pcieipc_dma_copy {
+	__u32 argsz;
+	__u32 flags;
+	__u32 device;
+	__u32 src_buffer;
+	__u32 dst_buffer;
+	__u32 engine;
+	__u64 src_offset;
+	__u64 dst_offset;
+	__u64 length;
+	__u64 ticket;
+};
+
+#define PCIEIPC_IOC_DMA_COPY _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_DMA_COPY)
+
+/*
+ * PCIEIPC_IOC_DMA_WAIT: block (interrupt-driven) until the copy of `ticket`
+ * ends. Returns 0 when it completed, or the copy's own error (ENODEV: the
+ * device went away before the copy ended). A ticket is collected by the
+ * first wait that sees it end. Other
+ * errors: ETIMEDOUT (still running), EINTR, ENOENT (unknown or collected
+ * ticket), EINVAL.
+ */
+struct pcieipc_dma_wait {
+	__u32 argsz;
+	__u32 flags;
+	__u64 ticket;
+	__u32 timeout_ms;
+	__u32 reserved;
+};
+
+#define PCIEIPC_IOC_DMA_WAIT _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_DMA_WAIT)
 
 /* ---- Fault path: link status and control, watches, events ---- */
 

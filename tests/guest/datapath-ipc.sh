@@ -48,5 +48,13 @@ measure gone "the gone device (index $gone): its BAR2 can no longer be mapped (E
 check "rebinding brings the device back under a new index" sh -c '
     echo 0000:02:00.0 > /sys/bus/pci/drivers/pcieipc/bind &&
     pcieipc device list | grep -q "^[0-9]* 0000:02:00.0 1af4:1110 Ivshmem Bound"'
+check "hot-unplug of ivs1 (QMP device_del) wakes a process blocked on it: ENODEV" sh -c '
+    index=$(pcieipc device list | awk "\$2 == \"0000:02:00.0\" && \$5 == \"Bound\" {print \$1}")
+    pcieipc device wait "$index" 0 --last-seen 1000000 2>/tmp/unplugged &
+    w=$!
+    sleep 0.5
+    host unplug ivs1 &&
+    ! wait $w && cat /tmp/unplugged && grep -q ENODEV /tmp/unplugged &&
+    pcieipc device list | grep -q "^$index 0000:02:00.0 1af4:1110 Ivshmem Gone"'
 check "rmmod pcieipc once every file is closed" rmmod pcieipc
 summary

@@ -50,5 +50,7 @@ check "bind again: a new index (4) replaces the gone entry of that BDF" sh -c '
     echo 0000:02:00.0 > /sys/bus/pci/drivers/pcieipc/bind &&
     pcieipc device list | grep -q "^4 0000:02:00.0 1af4:1110 Ivshmem Bound" &&
     ! pcieipc device list | grep -q "^1 "'
+check "root-only open (EACCES as uid 65534); without CAP_SYS_ADMIN: LIST/WAIT answer, RING/mmap/DMA_ALLOC get EPERM" \
+    pcieipc-guest caps-check
 check "rmmod pcieipc with no file open" rmmod pcieipc
 summary

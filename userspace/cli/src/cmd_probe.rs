@@ -34,6 +34,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.correctable_scale > 0.0 && args.uncorrectable_scale > 0.0,
+        "--correctable-scale and --uncorrectable-scale must be positive"
+    );
     let health_model = HealthModel {
         correctable_scale: args.correctable_scale,
         uncorrectable_scale: args.uncorrectable_scale,

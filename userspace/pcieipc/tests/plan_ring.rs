@@ -263,3 +263,22 @@ fn exact_limit_and_small_rings() {
         (RingMethod::BusIdOrder, vec![0, 1])
     );
 }
+
+#[test]
+fn zero_bandwidth_pairs_still_form_rings() {
+    // A pair through a link of health 0 has bandwidth 0 and infinite cost.
+    let matrix = PairMatrix::from_fn(5, |from, to| {
+        if from.min(to) == 0 && from.max(to) == 1 {
+            (0.0, f64::INFINITY)
+        } else {
+            (0.0, 1.0)
+        }
+    });
+    let exact = exact_ring(&matrix).unwrap();
+    assert_is_ring(&exact, 5);
+    assert_eq!(exact.bottleneck_gbps, 0.0);
+    // The ring avoids the infinite pair: four unit steps and one more.
+    assert_eq!(exact.total_cost_us, 5.0);
+    let all_infinite = PairMatrix::from_fn(4, |_, _| (0.0, f64::INFINITY));
+    assert_is_ring(&exact_ring(&all_infinite).unwrap(), 4);
+}

@@ -24,6 +24,12 @@ pub const PCIEIPC_WAIT_FOREVER: u32 = 4294967295;
 pub const PCIEIPC_IOC_WAIT: u32 = 55042;
 pub const PCIEIPC_IOC_COUNTERS: u32 = 55043;
 pub const PCIEIPC_IOC_RING: u32 = 55044;
+pub const PCIEIPC_MMAP_DMA: u64 = 4611686018427387904;
+pub const PCIEIPC_DMA_MAX_SIZE: u32 = 16777216;
+pub const PCIEIPC_DMA_MAX_BUFFERS: u32 = 64;
+pub const PCIEIPC_IOC_DMA_ALLOC: u32 = 55045;
+pub const PCIEIPC_IOC_DMA_COPY: u32 = 55046;
+pub const PCIEIPC_IOC_DMA_WAIT: u32 = 55047;
 pub const PCIEIPC_BDF_NONE: u32 = 4294967295;
 pub const PCIEIPC_LINK_DEGRADED: u32 = 1;
 pub const PCIEIPC_LINK_TRAINING: u32 = 2;
@@ -44,6 +50,9 @@ pub const PCIEIPC_CMD_LIST: pcieipc_cmd = 1;
 pub const PCIEIPC_CMD_WAIT: pcieipc_cmd = 2;
 pub const PCIEIPC_CMD_COUNTERS: pcieipc_cmd = 3;
 pub const PCIEIPC_CMD_RING: pcieipc_cmd = 4;
+pub const PCIEIPC_CMD_DMA_ALLOC: pcieipc_cmd = 5;
+pub const PCIEIPC_CMD_DMA_COPY: pcieipc_cmd = 6;
+pub const PCIEIPC_CMD_DMA_WAIT: pcieipc_cmd = 7;
 pub const PCIEIPC_CMD_LINK_STATUS: pcieipc_cmd = 32;
 pub const PCIEIPC_CMD_LINK_RETRAIN: pcieipc_cmd = 33;
 pub const PCIEIPC_CMD_WATCH: pcieipc_cmd = 34;
@@ -267,6 +276,102 @@ const _: () = {
     ["Offset of field: pcieipc_ring::peer"][::core::mem::offset_of!(pcieipc_ring, peer) - 12usize];
     ["Offset of field: pcieipc_ring::vector"]
         [::core::mem::offset_of!(pcieipc_ring, vector) - 14usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_dma_alloc {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub device: __u32,
+    pub buffer: __u32,
+    pub size: __u64,
+    pub bus_addr: __u64,
+    pub mmap_offset: __u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_dma_alloc"][::core::mem::size_of::<pcieipc_dma_alloc>() - 40usize];
+    ["Alignment of pcieipc_dma_alloc"][::core::mem::align_of::<pcieipc_dma_alloc>() - 8usize];
+    ["Offset of field: pcieipc_dma_alloc::argsz"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, argsz) - 0usize];
+    ["Offset of field: pcieipc_dma_alloc::flags"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, flags) - 4usize];
+    ["Offset of field: pcieipc_dma_alloc::device"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, device) - 8usize];
+    ["Offset of field: pcieipc_dma_alloc::buffer"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, buffer) - 12usize];
+    ["Offset of field: pcieipc_dma_alloc::size"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, size) - 16usize];
+    ["Offset of field: pcieipc_dma_alloc::bus_addr"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, bus_addr) - 24usize];
+    ["Offset of field: pcieipc_dma_alloc::mmap_offset"]
+        [::core::mem::offset_of!(pcieipc_dma_alloc, mmap_offset) - 32usize];
+};
+pub const PCIEIPC_ENGINE_CPU: pcieipc_dma_engine = 1;
+pub const PCIEIPC_ENGINE_EDU: pcieipc_dma_engine = 2;
+pub type pcieipc_dma_engine = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_dma_copy {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub device: __u32,
+    pub src_buffer: __u32,
+    pub dst_buffer: __u32,
+    pub engine: __u32,
+    pub src_offset: __u64,
+    pub dst_offset: __u64,
+    pub length: __u64,
+    pub ticket: __u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_dma_copy"][::core::mem::size_of::<pcieipc_dma_copy>() - 56usize];
+    ["Alignment of pcieipc_dma_copy"][::core::mem::align_of::<pcieipc_dma_copy>() - 8usize];
+    ["Offset of field: pcieipc_dma_copy::argsz"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, argsz) - 0usize];
+    ["Offset of field: pcieipc_dma_copy::flags"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, flags) - 4usize];
+    ["Offset of field: pcieipc_dma_copy::device"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, device) - 8usize];
+    ["Offset of field: pcieipc_dma_copy::src_buffer"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, src_buffer) - 12usize];
+    ["Offset of field: pcieipc_dma_copy::dst_buffer"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, dst_buffer) - 16usize];
+    ["Offset of field: pcieipc_dma_copy::engine"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, engine) - 20usize];
+    ["Offset of field: pcieipc_dma_copy::src_offset"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, src_offset) - 24usize];
+    ["Offset of field: pcieipc_dma_copy::dst_offset"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, dst_offset) - 32usize];
+    ["Offset of field: pcieipc_dma_copy::length"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, length) - 40usize];
+    ["Offset of field: pcieipc_dma_copy::ticket"]
+        [::core::mem::offset_of!(pcieipc_dma_copy, ticket) - 48usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct pcieipc_dma_wait {
+    pub argsz: __u32,
+    pub flags: __u32,
+    pub ticket: __u64,
+    pub timeout_ms: __u32,
+    pub reserved: __u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of pcieipc_dma_wait"][::core::mem::size_of::<pcieipc_dma_wait>() - 24usize];
+    ["Alignment of pcieipc_dma_wait"][::core::mem::align_of::<pcieipc_dma_wait>() - 8usize];
+    ["Offset of field: pcieipc_dma_wait::argsz"]
+        [::core::mem::offset_of!(pcieipc_dma_wait, argsz) - 0usize];
+    ["Offset of field: pcieipc_dma_wait::flags"]
+        [::core::mem::offset_of!(pcieipc_dma_wait, flags) - 4usize];
+    ["Offset of field: pcieipc_dma_wait::ticket"]
+        [::core::mem::offset_of!(pcieipc_dma_wait, ticket) - 8usize];
+    ["Offset of field: pcieipc_dma_wait::timeout_ms"]
+        [::core::mem::offset_of!(pcieipc_dma_wait, timeout_ms) - 16usize];
+    ["Offset of field: pcieipc_dma_wait::reserved"]
+        [::core::mem::offset_of!(pcieipc_dma_wait, reserved) - 20usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]

@@ -51,6 +51,24 @@ pub mod ioctl {
         pcieipc_ring
     );
     nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_DMA_ALLOC`: a coherent DMA buffer owned by the file.
+        dma_alloc,
+        PCIEIPC_IOC_DMA_ALLOC,
+        pcieipc_dma_alloc
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_DMA_COPY`: submits a copy between two DMA buffers.
+        dma_copy,
+        PCIEIPC_IOC_DMA_COPY,
+        pcieipc_dma_copy
+    );
+    nix::ioctl_readwrite_bad!(
+        /// `PCIEIPC_IOC_DMA_WAIT`: waits for a copy's ticket.
+        dma_wait,
+        PCIEIPC_IOC_DMA_WAIT,
+        pcieipc_dma_wait
+    );
+    nix::ioctl_readwrite_bad!(
         /// `PCIEIPC_IOC_LINK_STATUS`: the link above `bdf`.
         link_status,
         PCIEIPC_IOC_LINK_STATUS,

@@ -13,16 +13,17 @@ use std::{
 
 use pcieipc_uapi as uapi;
 
-mod bar_window;
+mod dma;
+mod fault;
 mod info;
 mod interrupts;
+mod mapped_window;
 
-pub use bar_window::BarWindow;
+pub use dma::{DmaBuffer, DmaEngine, DmaTicket, DmaWaitResult};
+pub use fault::Retrain;
 pub use info::{format_bdf, BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
 pub use interrupts::WaitResult;
-
-mod fault;
-pub use fault::Retrain;
+pub use mapped_window::MappedWindow;
 
 /// Where the module's misc device appears.
 pub const DEFAULT_PATH: &str = "/dev/pcieipc";

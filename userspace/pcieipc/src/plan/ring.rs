@@ -161,35 +161,40 @@ fn has_cycle_at_least(matrix: &PairMatrix, threshold: f64) -> bool {
 /// Held–Karp: the cheapest Hamiltonian cycle over pairs with bandwidth ≥
 /// `threshold`, starting at member 0.
 fn cheapest_cycle_at_least(matrix: &PairMatrix, threshold: f64) -> Option<Vec<usize>> {
+    // `previous` marks reached states apart from their cost, so that pairs of
+    // infinite cost (zero bandwidth: a link with health 0) still form rings.
+    const UNREACHED: u8 = u8::MAX;
+    const FROM_START: u8 = u8::MAX - 1;
     let n = matrix.size;
     let m = n - 1;
     let full = (1usize << m) - 1;
     let next = successors(matrix, threshold);
     // cost[mask * m + k]: cheapest path 0 -> ... -> member k+1 visiting `mask`.
     let mut cost = vec![f64::INFINITY; (full + 1) * m];
-    let mut previous = vec![u8::MAX; (full + 1) * m];
+    let mut previous = vec![UNREACHED; (full + 1) * m];
     for k in bits(next[0]) {
         cost[(1 << k) * m + k] = matrix.cost(0, k + 1);
+        previous[(1 << k) * m + k] = FROM_START;
     }
     for mask in 1..=full {
         for end in bits(mask as u32) {
-            let here = cost[mask * m + end];
-            if here == f64::INFINITY {
+            if previous[mask * m + end] == UNREACHED {
                 continue;
             }
+            let here = cost[mask * m + end];
             for k in bits(next[end + 1] & !(mask as u32)) {
-                let extended = mask | 1 << k;
+                let state = (mask | 1 << k) * m + k;
                 let candidate = here + matrix.cost(end + 1, k + 1);
-                if candidate < cost[extended * m + k] {
-                    cost[extended * m + k] = candidate;
-                    previous[extended * m + k] = end as u8;
+                if previous[state] == UNREACHED || candidate < cost[state] {
+                    cost[state] = candidate;
+                    previous[state] = end as u8;
                 }
             }
         }
     }
     let last = (0..m)
         .filter(|&end| matrix.bandwidth(end + 1, 0) >= threshold)
-        .filter(|&end| cost[full * m + end] < f64::INFINITY)
+        .filter(|&end| previous[full * m + end] != UNREACHED)
         .min_by(|&a, &b| {
             (cost[full * m + a] + matrix.cost(a + 1, 0))
                 .total_cmp(&(cost[full * m + b] + matrix.cost(b + 1, 0)))
@@ -200,7 +205,7 @@ fn cheapest_cycle_at_least(matrix: &PairMatrix, threshold: f64) -> Option<Vec<us
         order.push(end + 1);
         let before = previous[mask * m + end];
         mask &= !(1 << end);
-        if before == u8::MAX {
+        if before == FROM_START {
             break;
         }
         end = usize::from(before);

@@ -103,8 +103,9 @@ pub fn parse_cpu_list(text: &str) -> Result<String, ParseError> {
 /// `aer_dev_fatal`): one "Name count" line per error type, then the total.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AerCounterFile {
-    /// Per error type, in the kernel's order.
-    pub counts: Vec<(String, u64)>,
+    /// The error types with a non-zero count, in the kernel's order (zero
+    /// counts, the usual case, are not kept).
+    pub nonzero_counts: Vec<(String, u64)>,
     /// The TOTAL_ERR_* line.
     pub total: u64,
 }
@@ -112,7 +113,7 @@ pub struct AerCounterFile {
 /// Parses an `aer_dev_*` file; its last line must be `TOTAL_ERR_*`.
 pub fn parse_aer_counters(text: &str) -> Result<AerCounterFile, ParseError> {
     const EXPECTED: &str = "lines \"Name count\" ending with TOTAL_ERR_*";
-    let mut counts = Vec::new();
+    let mut nonzero_counts = Vec::new();
     let mut total = None;
     for line in text.lines().filter(|line| !line.trim().is_empty()) {
         if total.is_some() {
@@ -127,12 +128,15 @@ pub fn parse_aer_counters(text: &str) -> Result<AerCounterFile, ParseError> {
             .map_err(|_| unexpected(EXPECTED, line))?;
         if name.starts_with("TOTAL_ERR_") {
             total = Some(count);
-        } else {
-            counts.push((name.to_string(), count));
+        } else if count > 0 {
+            nonzero_counts.push((name.to_string(), count));
         }
     }
     let total = total.ok_or_else(|| unexpected(EXPECTED, text.trim()))?;
-    Ok(AerCounterFile { counts, total })
+    Ok(AerCounterFile {
+        nonzero_counts,
+        total,
+    })
 }
 
 /// `aer_rootport_total_err_cor` and friends: one decimal count.
@@ -164,16 +168,14 @@ pub fn parse_resource(text: &str) -> Result<Vec<Bar>, ParseError> {
     const EXPECTED: &str = "lines \"0xstart 0xend 0xflags\"";
     let mut bars = Vec::new();
     for (index, line) in text.lines().enumerate() {
-        let values: Vec<u64> = line
-            .split_whitespace()
-            .map(|field| {
-                field
-                    .strip_prefix("0x")
-                    .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(|| unexpected(EXPECTED, line))?;
-        let [start, end, flags] = values[..] else {
+        let mut fields = line.split_whitespace().map(|field| {
+            field
+                .strip_prefix("0x")
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        });
+        let (Some(Some(start)), Some(Some(end)), Some(Some(flags)), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
             return Err(unexpected(EXPECTED, line));
         };
         if index >= 6 || (start == 0 && end == 0) {
@@ -248,9 +250,14 @@ mod tests {
                     CorrIntErr 0\nHeaderOF 0\nTOTAL_ERR_COR 16\n";
         let parsed = parse_aer_counters(text).unwrap();
         assert_eq!(parsed.total, 16);
-        assert_eq!(parsed.counts.len(), 8);
-        assert_eq!(parsed.counts[0], ("RxErr".to_string(), 12));
-        assert_eq!(parsed.counts[4], ("Timeout".to_string(), 1));
+        assert_eq!(
+            parsed.nonzero_counts,
+            [
+                ("RxErr".to_string(), 12),
+                ("BadTLP".to_string(), 3),
+                ("Timeout".to_string(), 1)
+            ]
+        );
         assert!(parse_aer_counters("RxErr 1\n").is_err(), "no total line");
         assert!(parse_aer_counters("RxErr x\nTOTAL_ERR_COR 0\n").is_err());
         assert!(parse_aer_counters("TOTAL_ERR_COR 0\nRxErr 1\n").is_err());

@@ -194,7 +194,8 @@ impl<'a> ConfigSpace<'a> {
                         .filter(|bit| capability & (1 << (bit + 4)) != 0)
                         .map(|bit| 1u64 << (bit + 20))
                         .collect(),
-                    current_size_bytes: 1u64 << (((control >> 8) & 0x3f) + 20),
+                    // Encoded as n for 2^(n+20) bytes; beyond 2^63 is malformed.
+                    current_size_bytes: 1u64.checked_shl(((control >> 8) & 0x3f) + 20)?,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -430,6 +431,13 @@ mod tests {
         assert_eq!(rebar.entries[0].current_size_bytes, 256 << 20);
         assert_eq!(rebar.entries[0].supported_sizes_bytes.len(), 16);
         assert_eq!(rebar.entries[0].max_supported_bytes(), Some(1 << 35));
+    }
+
+    #[test]
+    fn out_of_range_rebar_size_is_unknown_not_a_panic() {
+        let mut bytes = sample();
+        bytes[0x159] = 0x3f; // BAR size 2^(63+20)
+        assert!(ConfigSpace::new(&bytes).resizable_bars().is_none());
     }
 
     #[test]

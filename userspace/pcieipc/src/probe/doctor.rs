@@ -283,8 +283,7 @@ fn sub_healthy_finding(topology: &Topology, index: usize) -> Finding {
     let mut top: Vec<&(String, u64)> = [&aer.correctable, &aer.nonfatal, &aer.fatal]
         .into_iter()
         .flatten()
-        .flat_map(|file| file.counts.iter())
-        .filter(|(_, count)| *count > 0)
+        .flat_map(|file| file.nonzero_counts.iter())
         .collect();
     top.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
     let top: Vec<String> = top

@@ -311,8 +311,7 @@ fn device_report(topology: &Topology, index: usize) -> DeviceReport {
             nonzero_counts: [&aer.correctable, &aer.nonfatal, &aer.fatal]
                 .into_iter()
                 .flatten()
-                .flat_map(|file| file.counts.iter())
-                .filter(|(_, count)| *count > 0)
+                .flat_map(|file| file.nonzero_counts.iter())
                 .cloned()
                 .collect(),
             rootport_total_correctable: aer.rootport_total_correctable,

@@ -7,8 +7,12 @@ use pcieipc_testbed::tree::{compare, scan, TreeLine};
 
 // The data-path checks; under guest/ so that cargo does not take them for
 // binaries of their own.
+#[path = "guest/caps.rs"]
+mod caps;
 #[path = "guest/common.rs"]
 mod common;
+#[path = "guest/dma.rs"]
+mod dma;
 #[path = "guest/fuzz.rs"]
 mod fuzz;
 #[path = "guest/pingpong.rs"]
@@ -83,6 +87,20 @@ enum Command {
         #[arg(long)]
         device: u32,
     },
+    /// DMA copies between two buffers of the first bound device of KIND
+    /// (edu: its DMA engine; ivshmem, generic: the CPU), verified.
+    DmaCopy {
+        /// edu, ivshmem or generic.
+        #[arg(long)]
+        kind: String,
+        /// Sizes in bytes.
+        #[arg(long, value_delimiter = ',', default_values_t = [1u64, 4095, 4096, 1 << 20])]
+        sizes: Vec<u64>,
+    },
+    /// Bad DMA requests are refused with the documented errnos.
+    DmaErrors,
+    /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
+    CapsCheck,
     /// Random ioctls and mmaps: only errnos come back.
     Fuzz {
         #[arg(long, default_value_t = 10_000)]
@@ -121,6 +139,9 @@ fn main() -> ExitCode {
         },
         Command::MmapChecks => report(windows::run()),
         Command::MmapGone { device } => report(windows::gone(device)),
+        Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
+        Command::DmaErrors => report(dma::errors()),
+        Command::CapsCheck => report(caps::run()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
         Command::Tree { expect, sysfs } => {
             let expected: Result<Vec<TreeLine>, String> = match std::fs::read_to_string(&expect) {

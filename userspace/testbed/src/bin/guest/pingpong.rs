@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use pcieipc::device::{BarWindow, Device, DeviceKind, WaitResult};
+use pcieipc::device::{Device, DeviceKind, MappedWindow, WaitResult};
 
 use super::common::{bound, open, shared_bar_size, CheckResult};
 
@@ -34,7 +34,7 @@ fn pattern(round: u64, to: usize) -> [u8; MESSAGE] {
 struct Member {
     device: Device,
     index: u32,
-    window: BarWindow,
+    window: MappedWindow,
     /// The interrupt count of vector 0 before the first round.
     base: u64,
 }

@@ -1,4 +1,4 @@
-//! BAR windows mapped into this process with mmap.
+//! Windows of a BAR or of a DMA buffer, mapped into this process.
 
 use std::{num::NonZeroUsize, os::fd::AsFd, ptr::NonNull};
 
@@ -7,21 +7,22 @@ use pcieipc_uapi as uapi;
 
 use super::{Device, DeviceError};
 
-/// A mapped range of a BAR, unmapped on drop. Accesses are volatile: the
-/// memory is device memory (or memory another peer writes concurrently).
+/// A mapped range of a BAR or DMA buffer, unmapped on drop. Accesses are
+/// volatile: the memory is device memory, or memory that a device or
+/// another peer writes concurrently.
 #[derive(Debug)]
-pub struct BarWindow {
+pub struct MappedWindow {
     ptr: NonNull<u8>,
     len: usize,
 }
 
 // SAFETY: the window is plain mapped memory with no thread affinity; every
 // access goes through volatile reads and writes of `&self`.
-unsafe impl Send for BarWindow {}
+unsafe impl Send for MappedWindow {}
 // SAFETY: as above.
-unsafe impl Sync for BarWindow {}
+unsafe impl Sync for MappedWindow {}
 
-impl BarWindow {
+impl MappedWindow {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -64,7 +65,7 @@ impl BarWindow {
     }
 }
 
-impl Drop for BarWindow {
+impl Drop for MappedWindow {
     fn drop(&mut self) {
         // SAFETY: `ptr..ptr + len` is the mapping made in `map_bar`, and no
         // reference into it outlives `self`.
@@ -73,29 +74,14 @@ impl Drop for BarWindow {
 }
 
 impl Device {
-    /// Maps `len` bytes of BAR `bar` of device `device`, from `offset` (a
-    /// multiple of the page size) into the BAR. The module refuses ranges
-    /// past the BAR's end and BARs that are not mappable memory (EINVAL).
-    pub fn map_bar(
+    /// Maps `len` bytes at file offset `file_offset` (shared, read-write).
+    pub(crate) fn map(
         &self,
-        device: u32,
-        bar: u32,
-        offset: u64,
+        file_offset: u64,
         len: usize,
-    ) -> Result<BarWindow, DeviceError> {
-        let error = |errno| DeviceError::Mmap {
-            path: self.path.clone(),
-            device,
-            bar,
-            offset,
-            len,
-            errno,
-        };
-        let length = NonZeroUsize::new(len).ok_or_else(|| error(nix::errno::Errno::EINVAL))?;
-        let file_offset = uapi::mmap_offset(device, bar)
-            .checked_add(offset)
-            .and_then(|o| i64::try_from(o).ok())
-            .ok_or_else(|| error(nix::errno::Errno::EINVAL))?;
+    ) -> Result<MappedWindow, nix::errno::Errno> {
+        let length = NonZeroUsize::new(len).ok_or(nix::errno::Errno::EINVAL)?;
+        let file_offset = i64::try_from(file_offset).map_err(|_| nix::errno::Errno::EINVAL)?;
         // SAFETY: a new shared mapping of the device file at an address the
         // kernel picks: no existing memory is affected.
         let ptr = unsafe {
@@ -107,11 +93,34 @@ impl Device {
                 self.file.as_fd(),
                 file_offset,
             )
-        }
-        .map_err(error)?;
-        Ok(BarWindow {
+        }?;
+        Ok(MappedWindow {
             ptr: ptr.cast(),
             len,
         })
+    }
+
+    /// Maps `len` bytes of BAR `bar` of device `device`, from `offset` (a
+    /// multiple of the page size) into the BAR. The module refuses ranges
+    /// past the BAR's end and BARs that are not mappable memory (EINVAL).
+    pub fn map_bar(
+        &self,
+        device: u32,
+        bar: u32,
+        offset: u64,
+        len: usize,
+    ) -> Result<MappedWindow, DeviceError> {
+        let error = |errno| DeviceError::Mmap {
+            path: self.path.clone(),
+            device,
+            bar,
+            offset,
+            len,
+            errno,
+        };
+        let file_offset = uapi::mmap_offset(device, bar)
+            .checked_add(offset)
+            .ok_or_else(|| error(nix::errno::Errno::EINVAL))?;
+        self.map(file_offset, len).map_err(error)
     }
 }

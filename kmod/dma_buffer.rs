@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Coherent DMA buffers allocated from an ioctl, and their mmap.
+//!
+//! 7.3's `dma::Coherent` needs a `&Device<Bound>` at allocation, which an
+//! ioctl (a 'static context) does not have; the buffer only needs the
+//! `struct device` alive, which an `ARef` guarantees. This file is the one
+//! place that calls `dma_alloc_attrs`/`dma_free_attrs`/`dma_mmap_attrs`.
+
+use core::ptr::NonNull;
+
+use kernel::{bindings, mm::virt::VmaNew, page::PAGE_SIZE, pci, prelude::*, sync::aref::ARef};
+
+use crate::pci_info::raw_device;
+
+/// A zeroed coherent buffer of one device.
+pub(crate) struct DmaBuffer {
+    dev: ARef<pci::Device>,
+    cpu: NonNull<u8>,
+    bus: u64,
+    size: usize,
+    /// The index of the device (registry) it was allocated for.
+    pub(crate) device_index: u32,
+}
+
+// SAFETY: the buffer is plain memory; concurrent accesses go through raw
+// pointers (the device and userspace write it concurrently anyway).
+unsafe impl Send for DmaBuffer {}
+// SAFETY: as above; `&DmaBuffer` gives no reference into the memory.
+unsafe impl Sync for DmaBuffer {}
+
+impl DmaBuffer {
+    /// Allocates `size` bytes (rounded up to pages) for `dev`.
+    pub(crate) fn alloc(dev: ARef<pci::Device>, device_index: u32, size: usize) -> Result<Self> {
+        let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(EINVAL)?;
+        let mut bus: bindings::dma_addr_t = 0;
+        // SAFETY: `dev` is a live device (the ARef holds it); the coherent
+        // mask was set at probe (PCI devices default to 32 bits).
+        let cpu = unsafe {
+            bindings::dma_alloc_attrs(
+                raw_device(&dev),
+                size,
+                &mut bus,
+                bindings::GFP_KERNEL | bindings::__GFP_ZERO,
+                0,
+            )
+        };
+        let cpu = NonNull::new(cpu.cast::<u8>()).ok_or(ENOMEM)?;
+        Ok(Self {
+            dev,
+            cpu,
+            bus,
+            size,
+            device_index,
+        })
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The address the device uses.
+    pub(crate) fn bus_addr(&self) -> u64 {
+        self.bus
+    }
+
+    /// Whether `[offset, offset + len)` lies inside the buffer.
+    pub(crate) fn contains(&self, offset: u64, len: u64) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.size as u64)
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to `self` at
+    /// `dst_offset` with the CPU; both ranges checked by the caller.
+    pub(crate) fn copy_from(&self, dst_offset: usize, src: &DmaBuffer, src_offset: usize, len: usize) {
+        if !self.contains(dst_offset as u64, len as u64) || !src.contains(src_offset as u64, len as u64) {
+            return;
+        }
+        // SAFETY: both ranges lie inside live allocations (checked above);
+        // `copy` allows them to overlap (the same buffer).
+        unsafe {
+            core::ptr::copy(
+                src.cpu.as_ptr().add(src_offset),
+                self.cpu.as_ptr().add(dst_offset),
+                len,
+            )
+        };
+    }
+
+    /// Maps the buffer from `offset` into `vma`, whose length the caller
+    /// checked against the buffer's size.
+    pub(crate) fn mmap(&self, vma: &VmaNew, offset: usize) -> Result {
+        let len = vma.end() - vma.start();
+        if !self.contains(offset as u64, len as u64) {
+            return Err(EINVAL);
+        }
+        vma.set_dontcopy();
+        // SAFETY: `vma` is a VMA under construction; dma_mmap_attrs takes the
+        // page offset into the buffer from `vm_pgoff`, which held the
+        // module's encoded offset until now; the buffer outlives the mapping
+        // (it belongs to the file, which the mapping holds open).
+        let ret = unsafe {
+            let raw = vma.as_ptr();
+            (*raw).vm_pgoff = (offset / PAGE_SIZE) as _;
+            bindings::dma_mmap_attrs(
+                raw_device(&self.dev),
+                raw,
+                self.cpu.as_ptr().cast(),
+                self.bus,
+                self.size,
+                0,
+            )
+        };
+        kernel::error::to_result(ret)
+    }
+}
+
+impl Drop for DmaBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `alloc` with these arguments; no mapping or
+        // transfer refers to it any more (both hold the buffer alive).
+        unsafe {
+            bindings::dma_free_attrs(
+                raw_device(&self.dev),
+                self.size,
+                self.cpu.as_ptr().cast(),
+                self.bus,
+                0,
+            )
+        };
+    }
+}

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! DMA_ALLOC, DMA_COPY, DMA_WAIT and the mmap of DMA buffers. Buffers and
+//! tickets belong to the open file: a buffer is freed when the file is
+//! released, which happens only after its last mapping is gone, and a copy
+//! in flight holds its two buffers itself.
+
+use kernel::{mm::virt::VmaNew, prelude::*, sync::Arc};
+
+use crate::{
+    device_ioctls::require_sys_admin,
+    dma_buffer::DmaBuffer,
+    dma_engine::{Ticket, Transfer},
+    registry,
+    uapi::{self, ArgszArg},
+};
+
+/// Uncollected tickets per file, at most.
+const MAX_TICKETS: usize = 64;
+
+/// The DMA state of one open file.
+pub(crate) struct DmaFile {
+    /// Buffer handle = position.
+    buffers: KVec<Arc<DmaBuffer>>,
+    tickets: KVec<(u64, Arc<Ticket>)>,
+    next_ticket: u64,
+}
+
+impl DmaFile {
+    pub(crate) const fn new() -> Self {
+        Self {
+            buffers: KVec::new(),
+            tickets: KVec::new(),
+            next_ticket: 1,
+        }
+    }
+
+    fn buffer(&self, handle: u32) -> Result<Arc<DmaBuffer>> {
+        self.buffers.get(handle as usize).cloned().ok_or(ENOENT)
+    }
+}
+
+/// The mmap offset of buffer `handle`.
+fn mmap_offset(handle: u32) -> u64 {
+    uapi::PCIEIPC_MMAP_DMA | (u64::from(handle) << uapi::PCIEIPC_MMAP_BAR_SHIFT)
+}
+
+/// `PCIEIPC_IOC_DMA_ALLOC`.
+pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
+    let mut arg =
+        ArgszArg::<uapi::pcieipc_dma_alloc>::read(arg, size_of::<uapi::pcieipc_dma_alloc>())?;
+    let request = arg.value;
+    if request.flags != 0 || request.size == 0 || request.size > u64::from(uapi::PCIEIPC_DMA_MAX_SIZE) {
+        return Err(EINVAL);
+    }
+    require_sys_admin()?;
+    let device = registry::get(request.device)?;
+    device.check_usable()?;
+    let mut file = file.lock();
+    if file.buffers.len() >= uapi::PCIEIPC_DMA_MAX_BUFFERS as usize {
+        return Err(ENOSPC);
+    }
+    let buffer = DmaBuffer::alloc(device.pdev.clone(), device.index, request.size as usize)?;
+    let handle = file.buffers.len() as u32;
+    arg.value.buffer = handle;
+    arg.value.size = buffer.size() as u64;
+    arg.value.bus_addr = buffer.bus_addr();
+    arg.value.mmap_offset = mmap_offset(handle);
+    file.buffers.push(Arc::new(buffer, GFP_KERNEL)?, GFP_KERNEL)?;
+    drop(file);
+    arg.write_back()?;
+    Ok(0)
+}
+
+/// `PCIEIPC_IOC_DMA_COPY`.
+pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
+    let mut arg =
+        ArgszArg::<uapi::pcieipc_dma_copy>::read(arg, size_of::<uapi::pcieipc_dma_copy>())?;
+    let request = arg.value;
+    if request.flags != 0 || request.length == 0 {
+        return Err(EINVAL);
+    }
+    require_sys_admin()?;
+    let device = registry::get(request.device)?;
+    device.check_usable()?;
+    let mut file = file.lock();
+    let src = file.buffer(request.src_buffer)?;
+    let dst = file.buffer(request.dst_buffer)?;
+    if src.device_index != device.index
+        || dst.device_index != device.index
+        || !src.contains(request.src_offset, request.length)
+        || !dst.contains(request.dst_offset, request.length)
+    {
+        return Err(EINVAL);
+    }
+    if file.tickets.len() >= MAX_TICKETS {
+        return Err(EBUSY);
+    }
+    let ticket = Ticket::new()?;
+    let id = file.next_ticket;
+    // Room first: once submitted, the ticket must be recorded.
+    file.tickets.reserve(1, GFP_KERNEL)?;
+    let engine = device.submit_copy(Transfer {
+        src,
+        dst,
+        src_offset: request.src_offset,
+        dst_offset: request.dst_offset,
+        length: request.length,
+        ticket: ticket.clone(),
+    })?;
+    file.tickets.push((id, ticket), GFP_KERNEL)?;
+    file.next_ticket += 1;
+    drop(file);
+    arg.value.engine = engine;
+    arg.value.ticket = id;
+    arg.write_back()?;
+    Ok(0)
+}
+
+/// `PCIEIPC_IOC_DMA_WAIT`: the copy's own error is the ioctl's.
+pub(crate) fn wait(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
+    let arg = ArgszArg::<uapi::pcieipc_dma_wait>::read(arg, size_of::<uapi::pcieipc_dma_wait>())?;
+    let request = arg.value;
+    if request.flags != 0 {
+        return Err(EINVAL);
+    }
+    let ticket = {
+        let file = file.lock();
+        let (_, ticket) = file
+            .tickets
+            .iter()
+            .find(|(id, _)| *id == request.ticket)
+            .ok_or(ENOENT)?;
+        ticket.clone()
+    };
+    // Not under the file's lock: other threads may submit meanwhile.
+    let result = ticket.wait(request.timeout_ms)?;
+    file.lock().tickets.retain(|(id, _)| *id != request.ticket);
+    result.map(|()| 0)
+}
+
+/// mmap of a DMA buffer of this file: `offset` is the VMA's file offset.
+pub(crate) fn mmap(file: &kernel::sync::Mutex<DmaFile>, vma: &VmaNew, offset: u64) -> Result {
+    let within = offset & !uapi::PCIEIPC_MMAP_DMA;
+    let handle = u32::try_from(within >> uapi::PCIEIPC_MMAP_BAR_SHIFT).map_err(|_| EINVAL)?;
+    let in_buffer = within & ((1u64 << uapi::PCIEIPC_MMAP_BAR_SHIFT) - 1);
+    let buffer = file.lock().buffer(handle)?;
+    buffer.mmap(vma, in_buffer as usize)
+}
