@@ -63,17 +63,17 @@ pub(crate) fn status(function: &PciFunction) -> uapi::pcieipc_link_status {
     }
     status.cur_speed = generation(near.lnksta as u32);
     status.cur_width = width((near.lnksta >> 4) as u32);
-    let mut max_speed = generation(near.lnkcap);
-    let mut max_width = width(near.lnkcap >> 4);
-    if far.present != 0 {
-        max_speed = max_speed.min(generation(far.lnkcap));
-        max_width = max_width.min(width(far.lnkcap >> 4));
-    }
+    // A Link Capabilities of zero (some emulated switch ports) says nothing:
+    // the maximum comes from the ends that report one.
+    let caps = [near, far].map(|end| (end.present != 0 && end.lnkcap != 0).then_some(end.lnkcap));
+    let lowest = |field: fn(u32) -> u8| caps.iter().flatten().map(|&cap| field(cap)).min().unwrap_or(0);
+    let max_speed = lowest(generation);
+    let max_width = lowest(|cap| width(cap >> 4));
     status.max_speed = max_speed;
     status.max_width = max_width;
     status.target_speed = generation(near.lnkctl2 as u32);
     let target = if status.target_speed != 0 { status.target_speed.min(max_speed) } else { max_speed };
-    if status.cur_speed < target || status.cur_width < max_width {
+    if max_speed != 0 && (status.cur_speed < target || status.cur_width < max_width) {
         status.state |= uapi::PCIEIPC_LINK_DEGRADED;
     }
     if near.lnksta & regs::PCI_EXP_LNKSTA_LT != 0 {

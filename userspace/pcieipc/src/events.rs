@@ -192,16 +192,12 @@ pub fn speed_gts(generation: u8) -> &'static str {
 
 impl fmt::Display for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (port {}): {} x{} of {} x{}",
-            self.bdf,
-            self.upstream_port,
-            speed_gts(self.speed),
-            self.width,
-            speed_gts(self.max_speed),
-            self.max_width
-        )?;
+        write!(f, "{} (port {}): {} x{}", self.bdf, self.upstream_port, speed_gts(self.speed), self.width)?;
+        if self.max_speed == 0 {
+            write!(f, ", capability unknown")?;
+        } else {
+            write!(f, " of {} x{}", speed_gts(self.max_speed), self.max_width)?;
+        }
         if self.target_speed != 0 {
             write!(f, ", target {}", speed_gts(self.target_speed))?;
         }
