@@ -9,9 +9,9 @@ bash scripts/build-all.sh
 source build/env.sh
 
 log "pcieipc probe (this machine)"
-# Findings are reported, not fatal here: --fail-on critical only stops on a
-# broken machine.
-pcieipc probe --fail-on critical
+# Exit status 1 means findings at or above "error" (shown above): reported,
+# and the benchmark still runs; 2 means the probe itself failed.
+pcieipc probe || [ $? -eq 1 ]
 
 if [ -c /dev/pcieipc ]; then
     log "the pcieipc module is loaded on this machine"
