@@ -18,6 +18,7 @@ use kernel::{
 };
 
 use crate::{
+    bar_regions::BarRegions,
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, RegisterBar, MAX_VECTORS},
     irq_vectors::IrqVectors,
     pci_info, registry, uapi,
@@ -64,6 +65,7 @@ impl irq::Handler for VectorHandler {
 pub(crate) struct DriverData<'bound> {
     device: Arc<BoundDevice>,
     _irqs: Option<IrqVectors<'bound, VectorHandler>>,
+    _regions: BarRegions<'bound>,
 }
 
 impl pci::Driver for PcieIpcDriver {
@@ -122,6 +124,7 @@ impl pci::Driver for PcieIpcDriver {
             _ => uapi::PCIEIPC_NO_PEER_ID,
         };
         let (upstream_bdf, link_speed, link_width) = pci_info::upstream_link(bound);
+        let register_bar = regs.as_ref().map(|_| 0);
         let device_info = DeviceInfo {
             bdf: pci_info::bdf(bound),
             upstream_bdf,
@@ -134,8 +137,9 @@ impl pci::Driver for PcieIpcDriver {
             link_speed,
             link_width,
             peer_id,
-            bars: pci_info::bars(bound, regs.as_ref().map(|_| 0)),
+            bars: pci_info::bars(bound, register_bar),
         };
+        let regions = BarRegions::request(bound, &device_info.bars, register_bar)?;
         let device = Arc::pin_init(
             BoundDevice::new(registry::next_index(), device_info, bound.into(), regs),
             GFP_KERNEL,
@@ -156,6 +160,7 @@ impl pci::Driver for PcieIpcDriver {
         Ok(DriverData {
             device,
             _irqs: irqs,
+            _regions: regions,
         })
     }
 

@@ -9,7 +9,7 @@ use kernel::{bindings, device::Bound, io::Io, pci};
 use crate::{bound_device::BarInfo, uapi};
 
 /// The raw `struct pci_dev` behind `pdev`.
-fn raw<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> *mut bindings::pci_dev {
+pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> *mut bindings::pci_dev {
     // `pci::Device` is `repr(transparent)` over `Opaque<bindings::pci_dev>`,
     // whose `UnsafeCell` allows writes through the pointer.
     core::ptr::from_ref(pdev).cast_mut().cast()

@@ -12,6 +12,7 @@ use kernel::{
 };
 
 mod bar_mmap;
+mod bar_regions;
 mod bound_device;
 mod chardev;
 mod device_ioctls;
