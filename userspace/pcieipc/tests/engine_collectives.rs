@@ -250,7 +250,7 @@ fn check_broadcast<T: TestElement>(comm: &mut Communicator, count: usize) {
 fn small_window_options() -> CommOptions {
     CommOptions {
         chunk_policy: ChunkPolicy::fixed(256),
-        one_shot_read_budget: 4096,
+        one_shot_read_budget: 2048,
         in_flight: 2,
         spin: Duration::from_micros(5),
         ..CommOptions::default()

@@ -200,7 +200,8 @@ impl Communicator {
             slot_bytes: MESSAGE_HEADER_BYTES + options.chunk_policy.max_chunk_bytes(),
             raw_slots: in_flight + 1,
             relay_slots: (in_flight + 1) * relay_steps,
-            one_shot_bytes: options.one_shot_read_budget,
+            // A message at the budget fits one window, stamp included.
+            one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
         });
         let joined = if rank == 0 {
             rendezvous::host(rendezvous, nranks, requested, options.join_timeout)?
