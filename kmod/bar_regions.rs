@@ -30,7 +30,11 @@ impl<'bound> BarRegions<'bound> {
             // SAFETY: `pdev` is bound; `index` is a standard BAR (< 6); the
             // name is 'static.
             let ret = unsafe {
-                bindings::pci_request_region(pci_info::raw(pdev), index as i32, c"pcieipc".as_char_ptr())
+                bindings::pci_request_region(
+                    pci_info::raw(pdev),
+                    index as i32,
+                    c"pcieipc".as_char_ptr(),
+                )
             };
             if ret != 0 {
                 // Dropping `regions` releases what was requested so far.

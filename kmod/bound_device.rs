@@ -10,8 +10,7 @@
 
 use kernel::{
     io::Io,
-    new_condvar, new_spinlock_irq,
-    pci,
+    new_condvar, new_spinlock_irq, pci,
     prelude::*,
     sync::{aref::ARef, CondVar, CondVarTimeoutResult, SpinLockIrq},
     time::{msecs_to_jiffies, Jiffies},
@@ -82,6 +81,9 @@ struct Events {
     counts: [u64; MAX_VECTORS],
     /// `pcieipc_device_state`.
     state: u32,
+    /// PCI errors reported so far: a wait that sees this change fails with
+    /// EIO even if recovery already thawed the device.
+    errors: u64,
 }
 
 /// The register BAR of an ivshmem or edu device (BAR0), revoked on unbind.
@@ -122,6 +124,7 @@ impl BoundDevice {
             events <- new_spinlock_irq!(Events {
                 counts: [0; MAX_VECTORS],
                 state: uapi::PCIEIPC_STATE_BOUND,
+                errors: 0,
             }),
             changed <- new_condvar!(),
         })
@@ -188,6 +191,28 @@ impl BoundDevice {
         }
     }
 
+    /// A PCI error was reported (error recovery begins): waiters fail with
+    /// EIO, new calls too until `thaw`.
+    pub(crate) fn freeze(&self) {
+        let mut events = self.events.lock();
+        events.errors += 1;
+        if events.state == uapi::PCIEIPC_STATE_BOUND {
+            events.state = uapi::PCIEIPC_STATE_FROZEN;
+        }
+        drop(events);
+        self.changed.notify_all();
+    }
+
+    /// Error recovery resumed the device.
+    pub(crate) fn thaw(&self) {
+        let mut events = self.events.lock();
+        if events.state == uapi::PCIEIPC_STATE_FROZEN {
+            events.state = uapi::PCIEIPC_STATE_BOUND;
+        }
+        drop(events);
+        self.changed.notify_all();
+    }
+
     pub(crate) fn state(&self) -> u32 {
         self.events.lock().state
     }
@@ -204,7 +229,7 @@ impl BoundDevice {
 
     /// Blocks until the count of `vector` exceeds `last_seen` and returns it,
     /// or fails: `ETIMEDOUT`, `EINTR` (signal), `ENODEV` (gone), `EIO`
-    /// (frozen). The check and the sleep happen under the lock the IRQ
+    /// (frozen, or a PCI error was reported during the wait). The check and the sleep happen under the lock the IRQ
     /// handler takes, so no interrupt is missed between them.
     pub(crate) fn wait(&self, vector: usize, last_seen: u64, timeout_ms: u32) -> Result<u64> {
         if vector >= self.info.num_vectors {
@@ -217,8 +242,12 @@ impl BoundDevice {
             msecs_to_jiffies(timeout_ms)
         };
         let mut events = self.events.lock();
+        let errors = events.errors;
         loop {
             state_errno(events.state)?;
+            if events.errors != errors {
+                return Err(EIO);
+            }
             let count = events.counts[vector];
             if count > last_seen {
                 return Ok(count);
@@ -226,7 +255,10 @@ impl BoundDevice {
             if remaining == 0 {
                 return Err(ETIMEDOUT);
             }
-            remaining = match self.changed.wait_interruptible_timeout(&mut events, remaining) {
+            remaining = match self
+                .changed
+                .wait_interruptible_timeout(&mut events, remaining)
+            {
                 CondVarTimeoutResult::Timeout => 0,
                 CondVarTimeoutResult::Woken { jiffies } => jiffies,
                 CondVarTimeoutResult::Signal { .. } => return Err(EINTR),

@@ -66,13 +66,23 @@ impl DmaBuffer {
 
     /// Whether `[offset, offset + len)` lies inside the buffer.
     pub(crate) fn contains(&self, offset: u64, len: u64) -> bool {
-        offset.checked_add(len).is_some_and(|end| end <= self.size as u64)
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.size as u64)
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to `self` at
     /// `dst_offset` with the CPU; both ranges checked by the caller.
-    pub(crate) fn copy_from(&self, dst_offset: usize, src: &DmaBuffer, src_offset: usize, len: usize) {
-        if !self.contains(dst_offset as u64, len as u64) || !src.contains(src_offset as u64, len as u64) {
+    pub(crate) fn copy_from(
+        &self,
+        dst_offset: usize,
+        src: &DmaBuffer,
+        src_offset: usize,
+        len: usize,
+    ) {
+        if !self.contains(dst_offset as u64, len as u64)
+            || !src.contains(src_offset as u64, len as u64)
+        {
             return;
         }
         // SAFETY: both ranges lie inside live allocations (checked above);

@@ -58,7 +58,10 @@ impl Ticket {
             if remaining == 0 {
                 return Err(ETIMEDOUT);
             }
-            remaining = match self.ended.wait_interruptible_timeout(&mut result, remaining) {
+            remaining = match self
+                .ended
+                .wait_interruptible_timeout(&mut result, remaining)
+            {
                 CondVarTimeoutResult::Timeout => 0,
                 CondVarTimeoutResult::Woken { jiffies } => jiffies,
                 CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
@@ -193,7 +196,11 @@ impl EduEngine {
             copy.in_window = true;
         }
         let finished = copy.done == copy.transfer.length;
-        let result = if finished { Ok(()) } else { copy.start_step(regs) };
+        let result = if finished {
+            Ok(())
+        } else {
+            copy.start_step(regs)
+        };
         if finished || result.is_err() {
             if let Some(copy) = state.active.take() {
                 copy.transfer.ticket.end(result);

@@ -50,7 +50,10 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
     let mut arg =
         ArgszArg::<uapi::pcieipc_dma_alloc>::read(arg, size_of::<uapi::pcieipc_dma_alloc>())?;
     let request = arg.value;
-    if request.flags != 0 || request.size == 0 || request.size > u64::from(uapi::PCIEIPC_DMA_MAX_SIZE) {
+    if request.flags != 0
+        || request.size == 0
+        || request.size > u64::from(uapi::PCIEIPC_DMA_MAX_SIZE)
+    {
         return Err(EINVAL);
     }
     require_sys_admin()?;
@@ -66,7 +69,8 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
     arg.value.size = buffer.size() as u64;
     arg.value.bus_addr = buffer.bus_addr();
     arg.value.mmap_offset = mmap_offset(handle);
-    file.buffers.push(Arc::new(buffer, GFP_KERNEL)?, GFP_KERNEL)?;
+    file.buffers
+        .push(Arc::new(buffer, GFP_KERNEL)?, GFP_KERNEL)?;
     drop(file);
     arg.write_back()?;
     Ok(0)

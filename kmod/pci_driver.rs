@@ -20,6 +20,7 @@ use kernel::{
 use crate::{
     bar_regions::BarRegions,
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, RegisterBar, MAX_VECTORS},
+    error_handlers,
     irq_vectors::IrqVectors,
     pci_info, registry, uapi,
 };
@@ -45,7 +46,10 @@ kernel::pci_device_table!(
             Match::Ids
         ),
         // QEMU's vendor 0x1234 has no pci_ids.h constant for `from_id`.
-        (pci::DeviceId::from_class(0x00ff00, 0xffffff), Match::EduClass),
+        (
+            pci::DeviceId::from_class(0x00ff00, 0xffffff),
+            Match::EduClass
+        ),
     ]
 );
 
@@ -86,6 +90,7 @@ impl pci::Driver for PcieIpcDriver {
         {
             return Err(ENODEV);
         }
+        error_handlers::install(pdev);
         pdev.enable_device_mem()?;
         pdev.set_master();
         if kind == DeviceKind::Edu {
@@ -119,7 +124,8 @@ impl pci::Driver for PcieIpcDriver {
         let peer_id = match (kind, &regs) {
             (DeviceKind::Ivshmem, Some(regs)) => {
                 const IVSHMEM_IVPOSITION: usize = 0x08;
-                regs.access(bound.as_ref())?.try_read32(IVSHMEM_IVPOSITION)?
+                regs.access(bound.as_ref())?
+                    .try_read32(IVSHMEM_IVPOSITION)?
             }
             _ => uapi::PCIEIPC_NO_PEER_ID,
         };
@@ -132,7 +138,9 @@ impl pci::Driver for PcieIpcDriver {
             device: pdev.device_id(),
             class_code: pdev.pci_class().as_raw(),
             kind,
-            irq_type: irqs.as_ref().map_or(uapi::PCIEIPC_IRQ_NONE, |irqs| irqs.irq_type()),
+            irq_type: irqs
+                .as_ref()
+                .map_or(uapi::PCIEIPC_IRQ_NONE, |irqs| irqs.irq_type()),
             num_vectors: irqs.as_ref().map_or(0, |irqs| irqs.len()),
             link_speed,
             link_width,

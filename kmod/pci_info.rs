@@ -9,14 +9,16 @@ use kernel::{bindings, device::Bound, io::Io, pci};
 use crate::{bound_device::BarInfo, uapi};
 
 /// The raw `struct pci_dev` behind `pdev`.
-pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> *mut bindings::pci_dev {
+pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(
+    pdev: &pci::Device<Ctx>,
+) -> *mut bindings::pci_dev {
     // `pci::Device` is `repr(transparent)` over `Opaque<bindings::pci_dev>`,
     // whose `UnsafeCell` allows writes through the pointer.
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
 /// `domain << 16 | bus << 8 | devfn` of `dev`, or `PCIEIPC_NO_UPSTREAM`.
-fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
+pub(crate) fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
     if dev.is_null() {
         return uapi::PCIEIPC_NO_UPSTREAM;
     }

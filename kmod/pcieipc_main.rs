@@ -19,6 +19,7 @@ mod device_ioctls;
 mod dma_buffer;
 mod dma_engine;
 mod dma_ioctls;
+mod error_handlers;
 mod irq_vectors;
 mod pci_driver;
 mod pci_info;

@@ -190,8 +190,10 @@ struct pcieipc_list {
  * exceeds last_seen. In: argsz, flags (0), device, vector, last_seen,
  * timeout_ms (0: do not block). Out: count, the vector's count now.
  * Errors: ETIMEDOUT, EINTR (a signal; call again with the same arguments),
- * ENODEV (device gone, also while waiting), EIO (device frozen by an
- * error), ENOENT (no such device index), EINVAL (vector out of range).
+ * ENODEV (device gone, also while waiting), EIO (a PCI error was reported
+ * for the device during the wait, or it is still frozen by one: AER
+ * recovery in progress), ENOENT (no such device index), EINVAL (vector out
+ * of range).
  */
 struct pcieipc_wait {
 	__u32 argsz;
