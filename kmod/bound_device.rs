@@ -181,11 +181,13 @@ impl BoundDevice {
         }
     }
 
-    /// Marks the device gone (unbind), wakes every waiter, and stops its DMA
-    /// engine (waiting for a command in flight to end).
+    /// Marks the device gone (unbind), wakes every waiter, zaps its BAR
+    /// windows in every process, and stops its DMA engine (waiting for a
+    /// command in flight to end).
     pub(crate) fn mark_gone(&self) {
         self.events.lock().state = uapi::PCIEIPC_STATE_GONE;
         self.changed.notify_all();
+        crate::bar_mmap::zap_device(self.index);
         if let Some(regs) = &self.regs {
             self.edu_dma.close(regs);
         }

@@ -38,7 +38,7 @@ module! {
 /// packages carry the same version (checked by the testbed's guest test).
 pub(crate) const MODULE_VERSION: &CStr = c"0.1.0";
 
-#[pin_data]
+#[pin_data(PinnedDrop)]
 struct PcieIpcModule {
     #[pin]
     _chardev: MiscDeviceRegistration<chardev::PcieIpcFile>,
@@ -52,11 +52,22 @@ impl kernel::InPlaceModule for PcieIpcModule {
         pr_info!("pcieipc {} loaded\n", MODULE_VERSION);
         // SAFETY: called once, before the driver and the misc device exist.
         unsafe { registry::init() };
+        // SAFETY: as above.
+        unsafe { bar_mmap::init() };
         try_pin_init!(Self {
             _chardev <- MiscDeviceRegistration::register(MiscDeviceOptions {
                 name: c"pcieipc",
             }),
             _driver <- driver::Registration::new(c"pcieipc", module),
         })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for PcieIpcModule {
+    fn drop(self: Pin<&mut Self>) {
+        // The module unloads only when no file is open, so no BAR window is
+        // left to zap: the device nodes' inodes can go.
+        bar_mmap::release_inodes();
     }
 }

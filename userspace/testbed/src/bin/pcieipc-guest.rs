@@ -101,6 +101,16 @@ enum Command {
     DmaErrors,
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
+    /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
+    /// again (killed by SIGBUS if the device was unbound meanwhile).
+    MmapTouch {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        ready: PathBuf,
+        #[arg(long)]
+        go: PathBuf,
+    },
     /// Random ioctls and mmaps: only errnos come back.
     Fuzz {
         #[arg(long, default_value_t = 10_000)]
@@ -139,6 +149,7 @@ fn main() -> ExitCode {
         },
         Command::MmapChecks => report(windows::run()),
         Command::MmapGone { device } => report(windows::gone(device)),
+        Command::MmapTouch { device, ready, go } => report(windows::touch(device, &ready, &go)),
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
         Command::CapsCheck => report(caps::run()),
