@@ -2,8 +2,9 @@
 
 //! The memory BARs the module hands to userspace, requested for it while the
 //! device is bound (so no other driver claims them), released on unbind.
-//! The register BAR is requested by its own `pci::Bar` mapping; 7.3 has no
-//! abstraction to request a region without mapping it, hence this wrapper.
+//! BARs that the module maps (`pci::Bar`) are requested by that mapping; 7.3
+//! has no abstraction to request a region without mapping it, hence this
+//! wrapper for the others (BARs too large to map into the kernel).
 
 use kernel::{bindings, device::Bound, pci, prelude::*};
 
@@ -16,15 +17,17 @@ pub(crate) struct BarRegions<'bound> {
 }
 
 impl<'bound> BarRegions<'bound> {
-    /// Requests every non-empty memory BAR but `except`.
+    /// Requests every non-empty memory BAR for which `requested_elsewhere`
+    /// is false (BARs that a `pci::Bar` maps are requested by it).
     pub(crate) fn request(
         pdev: &'bound pci::Device<Bound>,
         bars: &[BarInfo],
-        except: Option<usize>,
+        requested_elsewhere: impl Fn(usize) -> bool,
     ) -> Result<Self> {
         let mut regions = Self { pdev, requested: 0 };
         for (index, bar) in bars.iter().enumerate() {
-            if bar.size == 0 || bar.flags & uapi::PCIEIPC_BAR_MEM == 0 || except == Some(index) {
+            if bar.size == 0 || bar.flags & uapi::PCIEIPC_BAR_MEM == 0 || requested_elsewhere(index)
+            {
                 continue;
             }
             // SAFETY: `pdev` is bound; `index` is a standard BAR (< 6); the

@@ -98,6 +98,9 @@ pub(crate) struct BoundDevice {
     pub(crate) pdev: ARef<pci::Device>,
     /// BAR0, for the kinds whose registers the module drives.
     pub(crate) regs: Option<RegisterBar>,
+    /// The mappable BARs of at most PCIEIPC_DMA_BAR_MAX_SIZE, mapped into
+    /// the kernel for CPU copies between them and DMA buffers.
+    pub(crate) windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize],
     /// edu's DMA engine (idle on other kinds).
     #[pin]
     edu_dma: EduEngine,
@@ -114,12 +117,14 @@ impl BoundDevice {
         info: DeviceInfo,
         pdev: ARef<pci::Device>,
         regs: Option<RegisterBar>,
+        windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize],
     ) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
             index,
             info,
             pdev,
             regs,
+            windows,
             edu_dma <- EduEngine::new(),
             events <- new_spinlock_irq!(Events {
                 counts: [0; MAX_VECTORS],

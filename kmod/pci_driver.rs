@@ -147,9 +147,32 @@ impl pci::Driver for PcieIpcDriver {
             peer_id,
             bars: pci_info::bars(bound, register_bar),
         };
-        let regions = BarRegions::request(bound, &device_info.bars, register_bar)?;
+        // The BAR windows that copies reach (mapping requests them); the
+        // other memory BARs are only requested.
+        let mut windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize] =
+            Default::default();
+        for (index, bar) in device_info.bars.iter().enumerate() {
+            if bar.flags & uapi::PCIEIPC_BAR_MMAP != 0
+                && bar.size <= u64::from(uapi::PCIEIPC_DMA_BAR_MAX_SIZE)
+            {
+                windows[index] = Some(
+                    bound
+                        .iomap_region(index as u32, c"pcieipc")?
+                        .into_devres()?,
+                );
+            }
+        }
+        let regions = BarRegions::request(bound, &device_info.bars, |index| {
+            register_bar == Some(index) || windows[index].is_some()
+        })?;
         let device = Arc::pin_init(
-            BoundDevice::new(registry::next_index(), device_info, bound.into(), regs),
+            BoundDevice::new(
+                registry::next_index(),
+                device_info,
+                bound.into(),
+                regs,
+                windows,
+            ),
             GFP_KERNEL,
         )?;
         if let Some(irqs) = irqs.as_mut() {

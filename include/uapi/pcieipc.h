@@ -271,6 +271,12 @@ struct pcieipc_dma_alloc {
 
 #define PCIEIPC_IOC_DMA_ALLOC _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_DMA_ALLOC)
 
+/* pcieipc_dma_copy.flags */
+#define PCIEIPC_DMA_SRC_BAR (1u << 0)
+#define PCIEIPC_DMA_DST_BAR (1u << 1)
+/* BAR windows larger than this are not mapped into the kernel for copies. */
+#define PCIEIPC_DMA_BAR_MAX_SIZE (64u << 20)
+
 /* pcieipc_dma_copy.engine: who executes a copy. */
 enum pcieipc_dma_engine {
 	/* A CPU copy in the submitting thread: devices without a DMA engine. */
@@ -282,7 +288,10 @@ enum pcieipc_dma_engine {
 /*
  * PCIEIPC_IOC_DMA_COPY: copy `length` bytes from buffer `src_buffer` at
  * `src_offset` to buffer `dst_buffer` at `dst_offset`, both buffers of this
- * file allocated for `device`, with that device's engine. Needs
+ * file allocated for `device`, with that device's engine. With flag
+ * PCIEIPC_DMA_SRC_BAR (or PCIEIPC_DMA_DST_BAR), `src_buffer` (`dst_buffer`)
+ * names instead a BAR window of `device` (a BAR with PCIEIPC_BAR_MMAP, of
+ * at most PCIEIPC_DMA_BAR_MAX_SIZE), copied by the CPU; not both. Needs
  * CAP_SYS_ADMIN. Out: engine, ticket (for DMA_WAIT). The buffers stay
  * allocated until the copy ends even if the file is closed.
  * Errors: EBUSY (the engine runs another copy: wait for its ticket first;

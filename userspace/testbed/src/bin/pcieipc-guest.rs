@@ -99,6 +99,8 @@ enum Command {
     },
     /// Bad DMA requests are refused with the documented errnos.
     DmaErrors,
+    /// Copies between a DMA buffer and an ivshmem BAR2 window, verified.
+    DmaBar,
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
     /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
@@ -152,6 +154,7 @@ fn main() -> ExitCode {
         Command::MmapTouch { device, ready, go } => report(windows::touch(device, &ready, &go)),
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
+        Command::DmaBar => report(dma::bar()),
         Command::CapsCheck => report(caps::run()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
         Command::Tree { expect, sysfs } => {
