@@ -6,8 +6,8 @@
 //! adapter of the kernel crate with one addition: before the driver is
 //! registered, its `err_handler` is pointed at `ERROR_HANDLERS`. Each
 //! callback records an AER event (registers, channel state, the result it
-//! returns) and moves the bound device between frozen and bound, which
-//! wakes its waiters with EIO while it is frozen.
+//! returns); error_detected freezes the bound device (its waiters fail with
+//! EIO), resume thaws it, a permanent failure marks it gone.
 
 use core::marker::PhantomData;
 
@@ -19,11 +19,7 @@ use kernel::{
     types::Opaque,
 };
 
-use crate::{
-    fault,
-    pci_function::{bdf_of_raw, PciFunction},
-    registry, uapi,
-};
+use crate::{fault, pci_function::PciFunction, pci_info, registry, uapi};
 
 /// `kernel::pci::Adapter<T>` plus error handlers.
 pub(crate) struct AerAdapter<T: pci::Driver>(PhantomData<T>);
@@ -75,13 +71,21 @@ const RESULT_RECOVERED: u32 = bindings::pci_ers_result_PCI_ERS_RESULT_RECOVERED;
 /// `pdev` is the device the AER core passed to a callback.
 unsafe fn bdf_of(pdev: *mut bindings::pci_dev) -> (u32, u32) {
     // SAFETY: the caller passes a valid device.
-    unsafe { (bdf_of_raw(pdev), (*pdev).error_state) }
+    (pci_info::bdf_of(pdev), unsafe { (*pdev).error_state })
+}
+
+/// What a callback does to the bound device's state.
+enum Transition {
+    Keep,
+    Freeze,
+    Thaw,
+    Gone,
 }
 
 /// Records one callback: the registers of the nearest AER capability (the
 /// device's own, else its upstream port's, where errors of a conventional
 /// endpoint are logged) and the result returned; updates the device state.
-fn record(bdf: u32, step: u32, channel_state: u32, result: u32, new_state: Option<u32>) {
+fn record(bdf: u32, step: u32, channel_state: u32, result: u32, transition: Transition) {
     let aer = PciFunction::find(bdf)
         .map(|function| {
             let own = function.aer_regs();
@@ -92,8 +96,13 @@ fn record(bdf: u32, step: u32, channel_state: u32, result: u32, new_state: Optio
             }
         })
         .unwrap_or_default();
-    if let Some(state) = new_state {
-        registry::set_state_of_bdf(bdf, state);
+    if let Ok(device) = registry::get_bound_by_bdf(bdf) {
+        match transition {
+            Transition::Keep => {}
+            Transition::Freeze => device.freeze(),
+            Transition::Thaw => device.thaw(),
+            Transition::Gone => device.mark_gone(),
+        }
     }
     if let Ok(fault) = fault::state() {
         fault.events.emit(uapi::pcieipc_event {
@@ -114,12 +123,14 @@ fn record(bdf: u32, step: u32, channel_state: u32, result: u32, new_state: Optio
 unsafe extern "C" fn error_detected(pdev: *mut bindings::pci_dev, state: bindings::pci_channel_state_t) -> u32 {
     // SAFETY: the AER core passes a valid device.
     let (bdf, _) = unsafe { bdf_of(pdev) };
-    let (result, new_state) = match state {
-        bindings::pci_channel_io_normal => (RESULT_CAN_RECOVER, None),
-        bindings::pci_channel_io_frozen => (RESULT_NEED_RESET, Some(uapi::PCIEIPC_STATE_FROZEN)),
-        _ => (RESULT_DISCONNECT, Some(uapi::PCIEIPC_STATE_GONE)),
+    // Any reported error freezes the device until resume: a transfer that
+    // overlapped the error cannot be trusted even if the link survived.
+    let (result, transition) = match state {
+        bindings::pci_channel_io_normal => (RESULT_CAN_RECOVER, Transition::Freeze),
+        bindings::pci_channel_io_frozen => (RESULT_NEED_RESET, Transition::Freeze),
+        _ => (RESULT_DISCONNECT, Transition::Gone),
     };
-    record(bdf, uapi::PCIEIPC_AER_ERROR_DETECTED, state, result, new_state);
+    record(bdf, uapi::PCIEIPC_AER_ERROR_DETECTED, state, result, transition);
     result
 }
 
@@ -129,7 +140,7 @@ unsafe extern "C" fn error_detected(pdev: *mut bindings::pci_dev, state: binding
 unsafe extern "C" fn mmio_enabled(pdev: *mut bindings::pci_dev) -> u32 {
     // SAFETY: the AER core passes a valid device.
     let (bdf, channel) = unsafe { bdf_of(pdev) };
-    record(bdf, uapi::PCIEIPC_AER_MMIO_ENABLED, channel, RESULT_RECOVERED, None);
+    record(bdf, uapi::PCIEIPC_AER_MMIO_ENABLED, channel, RESULT_RECOVERED, Transition::Keep);
     RESULT_RECOVERED
 }
 
@@ -143,7 +154,7 @@ unsafe extern "C" fn slot_reset(pdev: *mut bindings::pci_dev) -> u32 {
     unsafe { bindings::pci_restore_state(pdev) };
     // SAFETY: as above.
     let (bdf, channel) = unsafe { bdf_of(pdev) };
-    record(bdf, uapi::PCIEIPC_AER_SLOT_RESET, channel, RESULT_RECOVERED, None);
+    record(bdf, uapi::PCIEIPC_AER_SLOT_RESET, channel, RESULT_RECOVERED, Transition::Keep);
     RESULT_RECOVERED
 }
 
@@ -153,7 +164,7 @@ unsafe extern "C" fn slot_reset(pdev: *mut bindings::pci_dev) -> u32 {
 unsafe extern "C" fn resume(pdev: *mut bindings::pci_dev) {
     // SAFETY: the AER core passes a valid device.
     let (bdf, channel) = unsafe { bdf_of(pdev) };
-    record(bdf, uapi::PCIEIPC_AER_RESUME, channel, RESULT_NONE, Some(uapi::PCIEIPC_STATE_BOUND));
+    record(bdf, uapi::PCIEIPC_AER_RESUME, channel, RESULT_NONE, Transition::Thaw);
 }
 
 /// # Safety
@@ -162,5 +173,5 @@ unsafe extern "C" fn resume(pdev: *mut bindings::pci_dev) {
 unsafe extern "C" fn cor_error_detected(pdev: *mut bindings::pci_dev) {
     // SAFETY: the AER core passes a valid device.
     let (bdf, channel) = unsafe { bdf_of(pdev) };
-    record(bdf, uapi::PCIEIPC_AER_COR_ERROR_DETECTED, channel, RESULT_NONE, None);
+    record(bdf, uapi::PCIEIPC_AER_COR_ERROR_DETECTED, channel, RESULT_NONE, Transition::Keep);
 }

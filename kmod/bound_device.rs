@@ -10,8 +10,7 @@
 
 use kernel::{
     io::Io,
-    new_condvar, new_spinlock_irq,
-    pci,
+    new_condvar, new_spinlock_irq, pci,
     prelude::*,
     sync::{aref::ARef, CondVar, CondVarTimeoutResult, SpinLockIrq},
     time::{msecs_to_jiffies, Jiffies},
@@ -82,6 +81,9 @@ struct Events {
     counts: [u64; MAX_VECTORS],
     /// `pcieipc_device_state`.
     state: u32,
+    /// PCI errors reported so far: a wait that sees this change fails with
+    /// EIO even if recovery already thawed the device.
+    errors: u64,
 }
 
 /// The register BAR of an ivshmem or edu device (BAR0), revoked on unbind.
@@ -96,6 +98,9 @@ pub(crate) struct BoundDevice {
     pub(crate) pdev: ARef<pci::Device>,
     /// BAR0, for the kinds whose registers the module drives.
     pub(crate) regs: Option<RegisterBar>,
+    /// The mappable BARs of at most PCIEIPC_DMA_BAR_MAX_SIZE, mapped into
+    /// the kernel for CPU copies between them and DMA buffers.
+    pub(crate) windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize],
     /// edu's DMA engine (idle on other kinds).
     #[pin]
     edu_dma: EduEngine,
@@ -112,16 +117,19 @@ impl BoundDevice {
         info: DeviceInfo,
         pdev: ARef<pci::Device>,
         regs: Option<RegisterBar>,
+        windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize],
     ) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
             index,
             info,
             pdev,
             regs,
+            windows,
             edu_dma <- EduEngine::new(),
             events <- new_spinlock_irq!(Events {
                 counts: [0; MAX_VECTORS],
                 state: uapi::PCIEIPC_STATE_BOUND,
+                errors: 0,
             }),
             changed <- new_condvar!(),
         })
@@ -178,14 +186,38 @@ impl BoundDevice {
         }
     }
 
-    /// Marks the device gone (unbind), wakes every waiter, and stops its DMA
-    /// engine (waiting for a command in flight to end).
+    /// Marks the device gone (unbind), wakes every waiter, zaps its BAR
+    /// windows in every process, and stops its DMA engine (waiting for a
+    /// command in flight to end).
     pub(crate) fn mark_gone(&self) {
         self.events.lock().state = uapi::PCIEIPC_STATE_GONE;
         self.changed.notify_all();
+        crate::bar_mmap::zap_device(self.index);
         if let Some(regs) = &self.regs {
             self.edu_dma.close(regs);
         }
+    }
+
+    /// A PCI error was reported (error recovery begins): waiters fail with
+    /// EIO, new calls too until `thaw`.
+    pub(crate) fn freeze(&self) {
+        let mut events = self.events.lock();
+        events.errors += 1;
+        if events.state == uapi::PCIEIPC_STATE_BOUND {
+            events.state = uapi::PCIEIPC_STATE_FROZEN;
+        }
+        drop(events);
+        self.changed.notify_all();
+    }
+
+    /// Error recovery resumed the device.
+    pub(crate) fn thaw(&self) {
+        let mut events = self.events.lock();
+        if events.state == uapi::PCIEIPC_STATE_FROZEN {
+            events.state = uapi::PCIEIPC_STATE_BOUND;
+        }
+        drop(events);
+        self.changed.notify_all();
     }
 
     pub(crate) fn state(&self) -> u32 {
@@ -204,7 +236,7 @@ impl BoundDevice {
 
     /// Blocks until the count of `vector` exceeds `last_seen` and returns it,
     /// or fails: `ETIMEDOUT`, `EINTR` (signal), `ENODEV` (gone), `EIO`
-    /// (frozen). The check and the sleep happen under the lock the IRQ
+    /// (frozen, or a PCI error was reported during the wait). The check and the sleep happen under the lock the IRQ
     /// handler takes, so no interrupt is missed between them.
     pub(crate) fn wait(&self, vector: usize, last_seen: u64, timeout_ms: u32) -> Result<u64> {
         if vector >= self.info.num_vectors {
@@ -217,8 +249,12 @@ impl BoundDevice {
             msecs_to_jiffies(timeout_ms)
         };
         let mut events = self.events.lock();
+        let errors = events.errors;
         loop {
             state_errno(events.state)?;
+            if events.errors != errors {
+                return Err(EIO);
+            }
             let count = events.counts[vector];
             if count > last_seen {
                 return Ok(count);
@@ -226,7 +262,10 @@ impl BoundDevice {
             if remaining == 0 {
                 return Err(ETIMEDOUT);
             }
-            remaining = match self.changed.wait_interruptible_timeout(&mut events, remaining) {
+            remaining = match self
+                .changed
+                .wait_interruptible_timeout(&mut events, remaining)
+            {
                 CondVarTimeoutResult::Timeout => 0,
                 CondVarTimeoutResult::Woken { jiffies } => jiffies,
                 CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
@@ -240,18 +279,5 @@ fn state_errno(state: u32) -> Result {
         uapi::PCIEIPC_STATE_BOUND => Ok(()),
         uapi::PCIEIPC_STATE_FROZEN => Err(EIO),
         _ => Err(ENODEV),
-    }
-}
-
-impl BoundDevice {
-    /// AER recovery moves a device between bound and frozen (or gone); every
-    /// waiter wakes and sees the new state. A gone device stays gone.
-    pub(crate) fn set_recovery_state(&self, state: u32) {
-        let mut events = self.events.lock();
-        if events.state != uapi::PCIEIPC_STATE_GONE {
-            events.state = state;
-        }
-        drop(events);
-        self.changed.notify_all();
     }
 }

@@ -97,7 +97,11 @@ pub(crate) fn wait(arg: usize) -> Result<isize> {
         return Err(EINVAL);
     }
     let device = registry::get(request.device)?;
-    arg.value.count = device.wait(request.vector as usize, request.last_seen, request.timeout_ms)?;
+    arg.value.count = device.wait(
+        request.vector as usize,
+        request.last_seen,
+        request.timeout_ms,
+    )?;
     arg.write_back()?;
     Ok(0)
 }

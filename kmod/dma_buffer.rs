@@ -9,7 +9,9 @@
 
 use core::ptr::NonNull;
 
-use kernel::{bindings, mm::virt::VmaNew, page::PAGE_SIZE, pci, prelude::*, sync::aref::ARef};
+use kernel::{
+    bindings, io::Io, mm::virt::VmaNew, page::PAGE_SIZE, pci, prelude::*, sync::aref::ARef,
+};
 
 use crate::pci_info::raw_device;
 
@@ -66,13 +68,23 @@ impl DmaBuffer {
 
     /// Whether `[offset, offset + len)` lies inside the buffer.
     pub(crate) fn contains(&self, offset: u64, len: u64) -> bool {
-        offset.checked_add(len).is_some_and(|end| end <= self.size as u64)
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.size as u64)
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to `self` at
     /// `dst_offset` with the CPU; both ranges checked by the caller.
-    pub(crate) fn copy_from(&self, dst_offset: usize, src: &DmaBuffer, src_offset: usize, len: usize) {
-        if !self.contains(dst_offset as u64, len as u64) || !src.contains(src_offset as u64, len as u64) {
+    pub(crate) fn copy_from(
+        &self,
+        dst_offset: usize,
+        src: &DmaBuffer,
+        src_offset: usize,
+        len: usize,
+    ) {
+        if !self.contains(dst_offset as u64, len as u64)
+            || !src.contains(src_offset as u64, len as u64)
+        {
             return;
         }
         // SAFETY: both ranges lie inside live allocations (checked above);
@@ -84,6 +96,54 @@ impl DmaBuffer {
                 len,
             )
         };
+    }
+
+    /// Copies `len` bytes between the buffer at `offset` and the BAR window
+    /// `bar` at `bar_offset`, in the direction `to_bar`, with the CPU (32-bit
+    /// accesses where aligned). Ranges are checked here and by the BAR.
+    pub(crate) fn copy_with_bar(
+        &self,
+        offset: usize,
+        bar: &pci::Bar<'_>,
+        bar_offset: usize,
+        len: usize,
+        to_bar: bool,
+    ) -> Result {
+        if !self.contains(offset as u64, len as u64) {
+            return Err(EINVAL);
+        }
+        let base = self.cpu.as_ptr();
+        let mut done = 0;
+        while done < len {
+            let io = bar_offset + done;
+            // SAFETY: `offset + done + 4 <= offset + len` lies inside the
+            // buffer (checked above); unaligned raw accesses are allowed.
+            let word = unsafe { base.add(offset + done) }.cast::<u32>();
+            if io % 4 == 0 && len - done >= 4 {
+                if to_bar {
+                    // SAFETY: see above.
+                    bar.try_write32(unsafe { word.read_unaligned() }, io)?;
+                } else {
+                    let value = bar.try_read32(io)?;
+                    // SAFETY: see above.
+                    unsafe { word.write_unaligned(value) };
+                }
+                done += 4;
+            } else {
+                // SAFETY: `offset + done < offset + len`: inside the buffer.
+                let byte = unsafe { base.add(offset + done) };
+                if to_bar {
+                    // SAFETY: see above.
+                    bar.try_write8(unsafe { byte.read() }, io)?;
+                } else {
+                    let value = bar.try_read8(io)?;
+                    // SAFETY: see above.
+                    unsafe { byte.write(value) };
+                }
+                done += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Maps the buffer from `offset` into `vma`, whose length the caller

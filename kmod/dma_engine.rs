@@ -58,7 +58,10 @@ impl Ticket {
             if remaining == 0 {
                 return Err(ETIMEDOUT);
             }
-            remaining = match self.ended.wait_interruptible_timeout(&mut result, remaining) {
+            remaining = match self
+                .ended
+                .wait_interruptible_timeout(&mut result, remaining)
+            {
                 CondVarTimeoutResult::Timeout => 0,
                 CondVarTimeoutResult::Woken { jiffies } => jiffies,
                 CondVarTimeoutResult::Signal { .. } => return Err(EINTR),
@@ -102,6 +105,24 @@ impl CopyEngine for CpuEngine {
         );
         transfer.ticket.end(Ok(()));
         Ok(())
+    }
+}
+
+impl CpuEngine {
+    /// Copies between a DMA buffer and a BAR window (which no device engine
+    /// here reaches) and ends `ticket`; returns the engine used.
+    pub(crate) fn copy_with_bar(
+        buffer: &DmaBuffer,
+        offset: usize,
+        bar: &kernel::pci::Bar<'_>,
+        bar_offset: usize,
+        len: usize,
+        to_bar: bool,
+        ticket: &Ticket,
+    ) -> Result<u32> {
+        buffer.copy_with_bar(offset, bar, bar_offset, len, to_bar)?;
+        ticket.end(Ok(()));
+        Ok(CpuEngine.kind())
     }
 }
 
@@ -193,7 +214,11 @@ impl EduEngine {
             copy.in_window = true;
         }
         let finished = copy.done == copy.transfer.length;
-        let result = if finished { Ok(()) } else { copy.start_step(regs) };
+        let result = if finished {
+            Ok(())
+        } else {
+            copy.start_step(regs)
+        };
         if finished || result.is_err() {
             if let Some(copy) = state.active.take() {
                 copy.transfer.ticket.end(result);

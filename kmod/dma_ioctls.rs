@@ -10,7 +10,7 @@ use kernel::{mm::virt::VmaNew, prelude::*, sync::Arc};
 use crate::{
     device_ioctls::require_sys_admin,
     dma_buffer::DmaBuffer,
-    dma_engine::{Ticket, Transfer},
+    dma_engine::{CpuEngine, Ticket, Transfer},
     registry,
     uapi::{self, ArgszArg},
 };
@@ -50,7 +50,10 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
     let mut arg =
         ArgszArg::<uapi::pcieipc_dma_alloc>::read(arg, size_of::<uapi::pcieipc_dma_alloc>())?;
     let request = arg.value;
-    if request.flags != 0 || request.size == 0 || request.size > u64::from(uapi::PCIEIPC_DMA_MAX_SIZE) {
+    if request.flags != 0
+        || request.size == 0
+        || request.size > u64::from(uapi::PCIEIPC_DMA_MAX_SIZE)
+    {
         return Err(EINVAL);
     }
     require_sys_admin()?;
@@ -66,7 +69,8 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
     arg.value.size = buffer.size() as u64;
     arg.value.bus_addr = buffer.bus_addr();
     arg.value.mmap_offset = mmap_offset(handle);
-    file.buffers.push(Arc::new(buffer, GFP_KERNEL)?, GFP_KERNEL)?;
+    file.buffers
+        .push(Arc::new(buffer, GFP_KERNEL)?, GFP_KERNEL)?;
     drop(file);
     arg.write_back()?;
     Ok(0)
@@ -74,25 +78,17 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
 
 /// `PCIEIPC_IOC_DMA_COPY`.
 pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
+    const BAR_FLAGS: u32 = uapi::PCIEIPC_DMA_SRC_BAR | uapi::PCIEIPC_DMA_DST_BAR;
     let mut arg =
         ArgszArg::<uapi::pcieipc_dma_copy>::read(arg, size_of::<uapi::pcieipc_dma_copy>())?;
     let request = arg.value;
-    if request.flags != 0 || request.length == 0 {
+    if request.flags & !BAR_FLAGS != 0 || request.flags == BAR_FLAGS || request.length == 0 {
         return Err(EINVAL);
     }
     require_sys_admin()?;
     let device = registry::get(request.device)?;
     device.check_usable()?;
     let mut file = file.lock();
-    let src = file.buffer(request.src_buffer)?;
-    let dst = file.buffer(request.dst_buffer)?;
-    if src.device_index != device.index
-        || dst.device_index != device.index
-        || !src.contains(request.src_offset, request.length)
-        || !dst.contains(request.dst_offset, request.length)
-    {
-        return Err(EINVAL);
-    }
     if file.tickets.len() >= MAX_TICKETS {
         return Err(EBUSY);
     }
@@ -100,14 +96,64 @@ pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
     let id = file.next_ticket;
     // Room first: once submitted, the ticket must be recorded.
     file.tickets.reserve(1, GFP_KERNEL)?;
-    let engine = device.submit_copy(Transfer {
-        src,
-        dst,
-        src_offset: request.src_offset,
-        dst_offset: request.dst_offset,
-        length: request.length,
-        ticket: ticket.clone(),
-    })?;
+    let engine = if request.flags == 0 {
+        let src = file.buffer(request.src_buffer)?;
+        let dst = file.buffer(request.dst_buffer)?;
+        if src.device_index != device.index
+            || dst.device_index != device.index
+            || !src.contains(request.src_offset, request.length)
+            || !dst.contains(request.dst_offset, request.length)
+        {
+            return Err(EINVAL);
+        }
+        device.submit_copy(Transfer {
+            src,
+            dst,
+            src_offset: request.src_offset,
+            dst_offset: request.dst_offset,
+            length: request.length,
+            ticket: ticket.clone(),
+        })?
+    } else {
+        let to_bar = request.flags == uapi::PCIEIPC_DMA_DST_BAR;
+        let (bar, bar_offset, handle, offset) = if to_bar {
+            (
+                request.dst_buffer,
+                request.dst_offset,
+                request.src_buffer,
+                request.src_offset,
+            )
+        } else {
+            (
+                request.src_buffer,
+                request.src_offset,
+                request.dst_buffer,
+                request.dst_offset,
+            )
+        };
+        let buffer = file.buffer(handle)?;
+        let window = device
+            .windows
+            .get(bar as usize)
+            .and_then(Option::as_ref)
+            .ok_or(EINVAL)?;
+        let in_bar = bar_offset
+            .checked_add(request.length)
+            .is_some_and(|end| end <= device.info.bars[bar as usize].size);
+        if buffer.device_index != device.index || !in_bar {
+            return Err(EINVAL);
+        }
+        let io = window.try_access().ok_or(ENODEV)?;
+        CpuEngine::copy_with_bar(
+            &buffer,
+            offset as usize,
+            &io,
+            bar_offset as usize,
+            request.length as usize,
+            to_bar,
+            &ticket,
+        )?
+    };
     file.tickets.push((id, ticket), GFP_KERNEL)?;
     file.next_ticket += 1;
     drop(file);

@@ -126,11 +126,12 @@ pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
     let device = registry::get(arg.value.device)?;
     device.check_usable()?;
     let function = PciFunction::find(device.info.bdf)?;
-    device.set_recovery_state(uapi::PCIEIPC_STATE_FROZEN);
+    // Frozen while the reset runs: waiters fail with EIO.
+    device.freeze();
     let start = Instant::<Monotonic>::now();
     let outcome = function.reset();
     arg.value.elapsed_us = start.elapsed().as_micros_ceil().clamp(0, u32::MAX as i64) as u32;
-    device.set_recovery_state(uapi::PCIEIPC_STATE_BOUND);
+    device.thaw();
     state.events.emit(uapi::pcieipc_event {
         kind: uapi::PCIEIPC_EVENT_RESET,
         bdf: device.info.bdf,

@@ -63,9 +63,15 @@ impl<'bound, H: irq::Handler + 'bound> IrqVectors<'bound, H> {
             // SAFETY: the registration is pinned in a box that `handlers`
             // owns and drops; it is never forgotten.
             let registration = unsafe {
-                irq::Registration::new(vector.into(), Flags::SHARED, c"pcieipc", Ok::<H, Error>(handler(index)))
+                irq::Registration::new(
+                    vector.into(),
+                    Flags::SHARED,
+                    c"pcieipc",
+                    Ok::<H, Error>(handler(index)),
+                )
             };
-            self.handlers.push(KBox::pin_init(registration, GFP_KERNEL)?, GFP_KERNEL)?;
+            self.handlers
+                .push(KBox::pin_init(registration, GFP_KERNEL)?, GFP_KERNEL)?;
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ use kernel::{
 };
 
 use crate::{
+    bar_regions::BarRegions,
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, RegisterBar, MAX_VECTORS},
     irq_vectors::IrqVectors,
     pci_info, registry, uapi,
@@ -44,7 +45,10 @@ kernel::pci_device_table!(
             Match::Ids
         ),
         // QEMU's vendor 0x1234 has no pci_ids.h constant for `from_id`.
-        (pci::DeviceId::from_class(0x00ff00, 0xffffff), Match::EduClass),
+        (
+            pci::DeviceId::from_class(0x00ff00, 0xffffff),
+            Match::EduClass
+        ),
     ]
 );
 
@@ -64,6 +68,7 @@ impl irq::Handler for VectorHandler {
 pub(crate) struct DriverData<'bound> {
     device: Arc<BoundDevice>,
     _irqs: Option<IrqVectors<'bound, VectorHandler>>,
+    _regions: BarRegions<'bound>,
 }
 
 impl pci::Driver for PcieIpcDriver {
@@ -117,11 +122,13 @@ impl pci::Driver for PcieIpcDriver {
         let peer_id = match (kind, &regs) {
             (DeviceKind::Ivshmem, Some(regs)) => {
                 const IVSHMEM_IVPOSITION: usize = 0x08;
-                regs.access(bound.as_ref())?.try_read32(IVSHMEM_IVPOSITION)?
+                regs.access(bound.as_ref())?
+                    .try_read32(IVSHMEM_IVPOSITION)?
             }
             _ => uapi::PCIEIPC_NO_PEER_ID,
         };
         let (upstream_bdf, link_speed, link_width) = pci_info::upstream_link(bound);
+        let register_bar = regs.as_ref().map(|_| 0);
         let device_info = DeviceInfo {
             bdf: pci_info::bdf(bound),
             upstream_bdf,
@@ -129,15 +136,41 @@ impl pci::Driver for PcieIpcDriver {
             device: pdev.device_id(),
             class_code: pdev.pci_class().as_raw(),
             kind,
-            irq_type: irqs.as_ref().map_or(uapi::PCIEIPC_IRQ_NONE, |irqs| irqs.irq_type()),
+            irq_type: irqs
+                .as_ref()
+                .map_or(uapi::PCIEIPC_IRQ_NONE, |irqs| irqs.irq_type()),
             num_vectors: irqs.as_ref().map_or(0, |irqs| irqs.len()),
             link_speed,
             link_width,
             peer_id,
-            bars: pci_info::bars(bound, regs.as_ref().map(|_| 0)),
+            bars: pci_info::bars(bound, register_bar),
         };
+        // The BAR windows that copies reach (mapping requests them); the
+        // other memory BARs are only requested.
+        let mut windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize] =
+            Default::default();
+        for (index, bar) in device_info.bars.iter().enumerate() {
+            if bar.flags & uapi::PCIEIPC_BAR_MMAP != 0
+                && bar.size <= u64::from(uapi::PCIEIPC_DMA_BAR_MAX_SIZE)
+            {
+                windows[index] = Some(
+                    bound
+                        .iomap_region(index as u32, c"pcieipc")?
+                        .into_devres()?,
+                );
+            }
+        }
+        let regions = BarRegions::request(bound, &device_info.bars, |index| {
+            register_bar == Some(index) || windows[index].is_some()
+        })?;
         let device = Arc::pin_init(
-            BoundDevice::new(registry::next_index(), device_info, bound.into(), regs),
+            BoundDevice::new(
+                registry::next_index(),
+                device_info,
+                bound.into(),
+                regs,
+                windows,
+            ),
             GFP_KERNEL,
         )?;
         if let Some(irqs) = irqs.as_mut() {
@@ -156,6 +189,7 @@ impl pci::Driver for PcieIpcDriver {
         Ok(DriverData {
             device,
             _irqs: irqs,
+            _regions: regions,
         })
     }
 

@@ -197,33 +197,6 @@ impl PciFunction {
     }
 }
 
-/// `PCIEIPC_BDF` of a device the kernel passed to a callback.
-///
-/// # Safety
-///
-/// `pdev` points to a valid, enumerated `struct pci_dev`.
-pub(crate) unsafe fn bdf_of_raw(pdev: *mut bindings::pci_dev) -> u32 {
-    // SAFETY: the caller passes a valid device; `bus` is set at enumeration.
-    let (bus, devfn) = unsafe { ((*(*pdev).bus).number as u32, (*pdev).devfn) };
-    // The domain number lives behind an arch-specific inline helper; the
-    // device's name ("dddd:bb:dd.f") carries it too.
-    // SAFETY: an enumerated device has its kobject named.
-    let name = unsafe { (*pdev).dev.kobj.name };
-    let domain = if name.is_null() {
-        0
-    } else {
-        // SAFETY: kobject names are NUL-terminated strings.
-        let name = unsafe { CStr::from_char_ptr(name) };
-        name.to_bytes()
-            .split(|&b| b == b':')
-            .next()
-            .and_then(|hex| core::str::from_utf8(hex).ok())
-            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-            .unwrap_or(0)
-    };
-    domain << 16 | bus << 8 | devfn
-}
-
 impl Clone for PciFunction {
     fn clone(&self) -> Self {
         // SAFETY: `dev` is valid; the clone owns the new reference.

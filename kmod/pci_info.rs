@@ -9,16 +9,18 @@ use kernel::{bindings, device::Bound, io::Io, pci};
 use crate::{bound_device::BarInfo, uapi};
 
 /// The raw `struct pci_dev` behind `pdev`.
-fn raw<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> *mut bindings::pci_dev {
+pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(
+    pdev: &pci::Device<Ctx>,
+) -> *mut bindings::pci_dev {
     // `pci::Device` is `repr(transparent)` over `Opaque<bindings::pci_dev>`,
     // whose `UnsafeCell` allows writes through the pointer.
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
-/// `domain << 16 | bus << 8 | devfn` of `dev`, or `PCIEIPC_NO_UPSTREAM`.
-fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
+/// `domain << 16 | bus << 8 | devfn` of `dev`, or `PCIEIPC_BDF_NONE`.
+pub(crate) fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
     if dev.is_null() {
-        return uapi::PCIEIPC_NO_UPSTREAM;
+        return uapi::PCIEIPC_BDF_NONE;
     }
     // SAFETY: `dev` is a live `pci_dev`: the caller's bound device or the
     // bridge above it, which outlives it; `bus` is set for every device, and
@@ -47,7 +49,7 @@ pub(crate) fn upstream_link(pdev: &pci::Device<Bound>) -> (u32, u16, u16) {
     // SAFETY: `bus` is set for every device; `self_` is its bridge or null.
     let bridge = unsafe { (*(*raw(pdev)).bus).self_ };
     if bridge.is_null() {
-        return (uapi::PCIEIPC_NO_UPSTREAM, 0, 0);
+        return (uapi::PCIEIPC_BDF_NONE, 0, 0);
     }
     let mut lnksta: u16 = 0;
     // SAFETY: `bridge` is a live `pci_dev` (a parent outlives its children);

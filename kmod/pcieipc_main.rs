@@ -12,6 +12,7 @@ use kernel::{
 
 mod aer;
 mod bar_mmap;
+mod bar_regions;
 mod bound_device;
 mod chardev;
 mod device_ioctls;
@@ -56,6 +57,8 @@ impl kernel::InPlaceModule for PcieIpcModule {
         pr_info!("pcieipc {} loaded\n", MODULE_VERSION);
         // SAFETY: called once, before the driver and the misc device exist.
         unsafe { registry::init() };
+        // SAFETY: as above.
+        unsafe { bar_mmap::init() };
         // Before the misc device: opening it needs the event log.
         let fault_state = fault::init();
         try_pin_init!(Self {
@@ -73,6 +76,9 @@ impl kernel::InPlaceModule for PcieIpcModule {
 #[pinned_drop]
 impl PinnedDrop for PcieIpcModule {
     fn drop(self: Pin<&mut Self>) {
+        // The module unloads only when no file is open, so no BAR window is
+        // left to zap: the device nodes' inodes can go.
+        bar_mmap::release_inodes();
         fault::exit();
     }
 }

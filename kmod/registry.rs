@@ -61,6 +61,17 @@ pub(crate) fn get(index: u32) -> Result<Arc<BoundDevice>> {
         .ok_or(ENOENT)
 }
 
+/// The device of `bdf` that is not gone (bound or frozen).
+pub(crate) fn get_bound_by_bdf(bdf: u32) -> Result<Arc<BoundDevice>> {
+    let registry = REGISTRY.lock();
+    registry
+        .devices
+        .iter()
+        .find(|d| d.info.bdf == bdf && d.state() != crate::uapi::PCIEIPC_STATE_GONE)
+        .cloned()
+        .ok_or(ENODEV)
+}
+
 /// Calls `f` on every listed device, in index order.
 pub(crate) fn for_each(mut f: impl FnMut(&BoundDevice) -> Result) -> Result {
     let registry = REGISTRY.lock();
@@ -75,13 +86,4 @@ pub(crate) fn bound_count() -> u32 {
         .iter()
         .filter(|d| d.check_usable().is_ok())
         .count() as u32
-}
-
-/// Sets the state of the listed device at `bdf` (AER recovery: frozen,
-/// bound again, or gone); a gone device stays gone.
-pub(crate) fn set_state_of_bdf(bdf: u32, state: u32) {
-    let registry = REGISTRY.lock();
-    for device in registry.devices.iter().filter(|d| d.info.bdf == bdf) {
-        device.set_recovery_state(state);
-    }
 }

@@ -33,6 +33,7 @@ datapath.toml datapath-list.sh
 datapath.toml datapath-ipc.sh
 datapath.toml datapath-fuzz.sh
 datapath.toml datapath-dma.sh
+datapath.toml datapath-aer.sh
 ivshmem-quad.toml datapath-ring4.sh
 LIST
 

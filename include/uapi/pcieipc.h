@@ -135,8 +135,14 @@ struct pcieipc_bar_info {
 /* pcieipc_device_info.peer_id of a device without one. */
 #define PCIEIPC_NO_PEER_ID 0xffffffffu
 
-/* No upstream bridge (a device on a root bus). */
-#define PCIEIPC_NO_UPSTREAM 0xffffffffu
+/*
+ * A PCI function: PCIEIPC_BDF(domain, bus, devfn) as lspci prints
+ * dddd:bb:dd.f, with devfn = device << 3 | function.
+ */
+#define PCIEIPC_BDF(domain, bus, devfn) \
+	((((__u32)(domain)) << 16) | (((__u32)(bus)) << 8) | ((__u32)(devfn)))
+/* No such function: no upstream bridge (a device on a root bus), no device. */
+#define PCIEIPC_BDF_NONE 0xffffffffU
 
 /* One bound device. */
 struct pcieipc_device_info {
@@ -145,7 +151,7 @@ struct pcieipc_device_info {
 	__u32 state;
 	/* domain << 16 | bus << 8 | devfn */
 	__u32 bdf;
-	/* The upstream bridge's BDF, or PCIEIPC_NO_UPSTREAM. */
+	/* The upstream bridge's BDF, or PCIEIPC_BDF_NONE. */
 	__u32 upstream_bdf;
 	__u16 vendor;
 	__u16 device;
@@ -195,8 +201,10 @@ struct pcieipc_list {
  * exceeds last_seen. In: argsz, flags (0), device, vector, last_seen,
  * timeout_ms (0: do not block). Out: count, the vector's count now.
  * Errors: ETIMEDOUT, EINTR (a signal; call again with the same arguments),
- * ENODEV (device gone, also while waiting), EIO (device frozen by an
- * error), ENOENT (no such device index), EINVAL (vector out of range).
+ * ENODEV (device gone, also while waiting), EIO (a PCI error was reported
+ * for the device during the wait, or it is still frozen by one: AER
+ * recovery in progress), ENOENT (no such device index), EINVAL (vector out
+ * of range).
  */
 struct pcieipc_wait {
 	__u32 argsz;
@@ -274,6 +282,12 @@ struct pcieipc_dma_alloc {
 
 #define PCIEIPC_IOC_DMA_ALLOC _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_DMA_ALLOC)
 
+/* pcieipc_dma_copy.flags */
+#define PCIEIPC_DMA_SRC_BAR (1u << 0)
+#define PCIEIPC_DMA_DST_BAR (1u << 1)
+/* BAR windows larger than this are not mapped into the kernel for copies. */
+#define PCIEIPC_DMA_BAR_MAX_SIZE (64u << 20)
+
 /* pcieipc_dma_copy.engine: who executes a copy. */
 enum pcieipc_dma_engine {
 	/* A CPU copy in the submitting thread: devices without a DMA engine. */
@@ -285,7 +299,10 @@ enum pcieipc_dma_engine {
 /*
  * PCIEIPC_IOC_DMA_COPY: copy `length` bytes from buffer `src_buffer` at
  * `src_offset` to buffer `dst_buffer` at `dst_offset`, both buffers of this
- * file allocated for `device`, with that device's engine. Needs
+ * file allocated for `device`, with that device's engine. With flag
+ * PCIEIPC_DMA_SRC_BAR (or PCIEIPC_DMA_DST_BAR), `src_buffer` (`dst_buffer`)
+ * names instead a BAR window of `device` (a BAR with PCIEIPC_BAR_MMAP, of
+ * at most PCIEIPC_DMA_BAR_MAX_SIZE), copied by the CPU; not both. Needs
  * CAP_SYS_ADMIN. Out: engine, ticket (for DMA_WAIT). The buffers stay
  * allocated until the copy ends even if the file is closed.
  * Errors: EBUSY (the engine runs another copy: wait for its ticket first;
@@ -327,15 +344,6 @@ struct pcieipc_dma_wait {
 #define PCIEIPC_IOC_DMA_WAIT _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_DMA_WAIT)
 
 /* ---- Fault path: link status and control, watches, events ---- */
-
-/*
- * A PCI function: PCIEIPC_BDF(domain, bus, devfn) as lspci prints
- * dddd:bb:dd.f, with devfn = device << 3 | function.
- */
-#define PCIEIPC_BDF(domain, bus, devfn) \
-	((((__u32)(domain)) << 16) | (((__u32)(bus)) << 8) | ((__u32)(devfn)))
-/* "No such function", e.g. no upstream port. */
-#define PCIEIPC_BDF_NONE 0xffffffffU
 
 /* The link registers of one end of a link (PCI Express capability). */
 struct pcieipc_link_regs {

@@ -16,6 +16,8 @@ echo pcieipc > /sys/bus/pci/devices/0000:04:00.0/driver_override
 echo 0000:04:00.0 > /sys/bus/pci/drivers_probe
 measure generic "CPU fallback on pci-testdev bound through driver_override" \
     pcieipc-guest dma-copy --kind generic --sizes 1,4096,65536
+measure bar "buffer -> ivshmem BAR2 window -> buffer (CPU, unaligned), seen through the peer's window; bad BAR copies refused" \
+    pcieipc-guest dma-bar
 measure errors "bad copies refused (EINVAL/ENOENT), EBUSY while edu copies, tickets collected once" \
     pcieipc-guest dma-errors
 check "unbinding edu during a 1 MiB copy ends the copy's ticket with ENODEV" sh -c '

@@ -25,6 +25,8 @@ check "LIST: ivshmem peers have distinct peer ids" sh -c '
     [ "$(grep -o "\"peer_id\":[0-9][0-9]*" /tmp/list.json | sort -u | wc -l)" = 2 ]'
 check "LIST: only ivshmem BAR2 is mappable (not the MSI-X BAR1, not the module's register BARs)" sh -c '
     [ "$(grep -o "\"mappable\":true" /tmp/list.json | wc -l)" = 2 ]'
+check "the memory BARs of the 3 devices are requested for pcieipc (/proc/iomem: 3 + 3 + 1)" sh -c '
+    grep pcieipc /proc/iomem; [ "$(grep -c " : pcieipc\$" /proc/iomem)" = 7 ]'
 check "VERSION reports 3 bound devices" sh -c 'pcieipc device version --json | grep -q "\"bound_devices\":3,"'
 check "RING: device 0 rings vector 1 of device 1's peer id; device 1 counts it (COUNTERS 0 1)" sh -c '
     peer1=$(pcieipc device list | awk "\$1 == 1 {print \$NF}")
@@ -53,4 +55,5 @@ check "bind again: a new index (4) replaces the gone entry of that BDF" sh -c '
 check "root-only open (EACCES as uid 65534); without CAP_SYS_ADMIN: LIST/WAIT answer, RING/mmap/DMA_ALLOC get EPERM" \
     pcieipc-guest caps-check
 check "rmmod pcieipc with no file open" rmmod pcieipc
+check "rmmod released every requested region" sh -c '! grep -q pcieipc /proc/iomem'
 summary

@@ -107,6 +107,13 @@ pub fn decode_aer(regs: &uapi::pcieipc_aer_regs) -> Vec<AerError> {
     errors
 }
 
+/// The First Error Pointer (AER Capabilities and Control bits 4:0), when it
+/// points at an uncorrectable status bit that is set.
+pub fn first_error_pointer(regs: &uapi::pcieipc_aer_regs) -> Option<u8> {
+    let pointer = (regs.cap_control & 0x1f) as u8;
+    (regs.present != 0 && regs.uncor_status & (1 << pointer) != 0).then_some(pointer)
+}
+
 /// `PCIEIPC_BDF` to "dddd:bb:dd.f", "-" for `PCIEIPC_BDF_NONE`.
 pub fn bdf_string(bdf: u32) -> String {
     if bdf == uapi::PCIEIPC_BDF_NONE {
@@ -241,6 +248,11 @@ pub struct Event {
     pub result: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<AerError>,
+    /// The uncorrectable error the AER capability's First Error Pointer
+    /// names: the one that was reported now, where status bits of earlier
+    /// errors may still be set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<u8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aer_source: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -316,6 +328,7 @@ impl Event {
                 _ => None,
             },
             errors: if e.aer.present != 0 { decode_aer(&e.aer) } else { Vec::new() },
+            first_error: first_error_pointer(&e.aer),
             aer_source: (e.aer.present != 0).then(|| bdf_string(e.aer.source_bdf)),
             link_before: has_link.then(|| Link::from_abi(&e.link_before)),
             link_after: has_link.then(|| Link::from_abi(&e.link_after)),
@@ -361,7 +374,15 @@ impl fmt::Display for Event {
                 Severity::NonFatal => "non-fatal",
                 Severity::Fatal => "fatal",
             };
-            write!(f, " [{}] {} ({severity}{})", error.bit, error.short, if error.masked { ", masked" } else { "" })?;
+            let first = error.severity != Severity::Correctable && self.first_error == Some(error.bit);
+            write!(
+                f,
+                " [{}] {} ({severity}{}{})",
+                error.bit,
+                error.short,
+                if first { ", first" } else { "" },
+                if error.masked { ", masked" } else { "" }
+            )?;
         }
         Ok(())
     }
@@ -419,6 +440,16 @@ mod tests {
                 (6, "BadTLP", Severity::Correctable, true),
             ]
         );
+    }
+
+    #[test]
+    fn first_error_pointer_names_the_new_error() {
+        // Data Link Protocol (4) still set from an earlier error; the First
+        // Error Pointer says Completion Timeout (14) is the one reported now.
+        let regs = uapi::pcieipc_aer_regs { uncor_status: 1 << 4 | 1 << 14, cap_control: 0xa0 | 14, present: 1, ..Default::default() };
+        assert_eq!(first_error_pointer(&regs), Some(14));
+        let stale = uapi::pcieipc_aer_regs { uncor_status: 1 << 4, cap_control: 14, present: 1, ..Default::default() };
+        assert_eq!(first_error_pointer(&stale), None);
     }
 
     #[test]

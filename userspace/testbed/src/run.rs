@@ -96,8 +96,10 @@ pub enum RunError {
     NoConnection { what: &'static str, stderr: String },
     #[error(transparent)]
     Qmp(#[from] QmpError),
-    #[error("the guest did not finish within {limit:?}: QEMU was killed; last console lines:\n{tail}")]
-    Timeout { limit: Duration, tail: String },
+    #[error(
+        "the guest did not finish within {limit:?}: QEMU was killed; QEMU said:\n{stderr}\nlast console lines:\n{tail}"
+    )]
+    Timeout { limit: Duration, tail: String, stderr: String },
     #[error("host script {path} failed: {status}")]
     HostScript { path: PathBuf, status: String },
 }
@@ -327,8 +329,12 @@ fn supervise(
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = qemu.0.kill();
-                return Err(RunError::Timeout { limit, tail: tail(&console) });
+                let stderr = stop_and_collect(&mut qemu, stderr_reader);
+                return Err(RunError::Timeout {
+                    limit,
+                    tail: tail(&console),
+                    stderr,
+                });
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(qemu_failed(&mut qemu, stderr_reader, tail(&console)));
@@ -336,7 +342,7 @@ fn supervise(
         }
     }
     // The guest powers off right after its exit marker.
-    if wait_with_timeout(&mut qemu.0, Duration::from_secs(10)).is_none() {
+    if wait_with_timeout(qemu.0, Duration::from_secs(10)).is_none() {
         let _ = qemu.0.kill();
     }
     let _ = control_thread.join();

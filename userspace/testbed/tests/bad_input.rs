@@ -1,7 +1,10 @@
 //! Bad input to the harness gives a clear error naming the problem, exit
 //! status 2, and starts no VM.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 fn workdir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pcieipc-testbed-bad-{name}-{}", std::process::id()));
@@ -11,7 +14,7 @@ fn workdir(name: &str) -> PathBuf {
 
 /// Runs `pcieipc-testbed run` with a kernel file that exists (never booted:
 /// every case fails before QEMU starts) and returns (status, stderr).
-fn run(dir: &PathBuf, topology: &str, guest: &str) -> (i32, String) {
+fn run(dir: &Path, topology: &str, guest: &str) -> (i32, String) {
     let kernel = dir.join("bzImage");
     std::fs::write(&kernel, b"not booted").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_pcieipc-testbed"))

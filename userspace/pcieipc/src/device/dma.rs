@@ -88,8 +88,7 @@ impl Device {
         dst: (&DmaBuffer, u64),
         length: u64,
     ) -> Result<DmaTicket, DeviceError> {
-        let mut arg = uapi::pcieipc_dma_copy {
-            argsz: size_of::<uapi::pcieipc_dma_copy>() as u32,
+        self.submit_copy(uapi::pcieipc_dma_copy {
             device: src.0.device,
             src_buffer: src.0.handle,
             dst_buffer: dst.0.handle,
@@ -97,10 +96,61 @@ impl Device {
             dst_offset: dst.1,
             length,
             ..Default::default()
+        })
+    }
+
+    /// Copies `length` bytes of `buffer` from `offset` into BAR `bar` of the
+    /// buffer's device at `bar_offset` (a CPU copy).
+    pub fn dma_copy_to_bar(
+        &self,
+        buffer: &DmaBuffer,
+        offset: u64,
+        bar: u32,
+        bar_offset: u64,
+        length: u64,
+    ) -> Result<DmaTicket, DeviceError> {
+        self.submit_copy(uapi::pcieipc_dma_copy {
+            flags: uapi::PCIEIPC_DMA_DST_BAR,
+            device: buffer.device,
+            src_buffer: buffer.handle,
+            dst_buffer: bar,
+            src_offset: offset,
+            dst_offset: bar_offset,
+            length,
+            ..Default::default()
+        })
+    }
+
+    /// Copies `length` bytes of BAR `bar` of the buffer's device from
+    /// `bar_offset` into `buffer` at `offset` (a CPU copy).
+    pub fn dma_copy_from_bar(
+        &self,
+        bar: u32,
+        bar_offset: u64,
+        buffer: &DmaBuffer,
+        offset: u64,
+        length: u64,
+    ) -> Result<DmaTicket, DeviceError> {
+        self.submit_copy(uapi::pcieipc_dma_copy {
+            flags: uapi::PCIEIPC_DMA_SRC_BAR,
+            device: buffer.device,
+            src_buffer: bar,
+            dst_buffer: buffer.handle,
+            src_offset: bar_offset,
+            dst_offset: offset,
+            length,
+            ..Default::default()
+        })
+    }
+
+    fn submit_copy(&self, request: uapi::pcieipc_dma_copy) -> Result<DmaTicket, DeviceError> {
+        let mut arg = uapi::pcieipc_dma_copy {
+            argsz: size_of::<uapi::pcieipc_dma_copy>() as u32,
+            ..request
         };
         // SAFETY: `arg` is a live, properly sized `pcieipc_dma_copy`.
         unsafe { uapi::ioctl::dma_copy(self.file.as_raw_fd(), &mut arg) }
-            .map_err(|errno| self.device_error("PCIEIPC_IOC_DMA_COPY", src.0.device, errno))?;
+            .map_err(|errno| self.device_error("PCIEIPC_IOC_DMA_COPY", request.device, errno))?;
         Ok(DmaTicket {
             ticket: arg.ticket,
             engine: match arg.engine {

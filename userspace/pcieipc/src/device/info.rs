@@ -122,7 +122,7 @@ impl From<&uapi::pcieipc_device_info> for BoundDevice {
                 _ => DeviceState::Gone,
             },
             bdf: format_bdf(raw.bdf),
-            upstream_bdf: (raw.upstream_bdf != uapi::PCIEIPC_NO_UPSTREAM)
+            upstream_bdf: (raw.upstream_bdf != uapi::PCIEIPC_BDF_NONE)
                 .then(|| format_bdf(raw.upstream_bdf)),
             vendor: raw.vendor,
             device: raw.device,
@@ -197,7 +197,7 @@ mod tests {
             index: 4,
             state: uapi::PCIEIPC_STATE_GONE,
             bdf: 0x0000_0300,
-            upstream_bdf: uapi::PCIEIPC_NO_UPSTREAM,
+            upstream_bdf: uapi::PCIEIPC_BDF_NONE,
             vendor: 0x1af4,
             device: 0x1110,
             class_code: 0x050000,

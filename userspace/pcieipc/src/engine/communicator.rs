@@ -15,9 +15,6 @@ use super::rendezvous;
 use super::shm::{self, ShmTransport};
 use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
 
-/// How long a blocked rank sleeps between liveness and timeout checks: the
-/// bound on how late a dead peer is noticed, and few enough wake-ups that a
-/// rank waiting for a late peer costs next to no CPU.
 /// How long a waiting rank that is not bound to a CPU polls before it starts
 /// yielding its core between polls.
 const EAGER_SPIN: Duration = Duration::from_micros(2);
@@ -26,6 +23,9 @@ const EAGER_SPIN: Duration = Duration::from_micros(2);
 /// messages stamp and data share a cache line, one transfer between cores.
 const MESSAGE_HEADER_BYTES: usize = 32;
 
+/// How long a blocked rank sleeps between liveness and timeout checks: the
+/// bound on how late a dead peer is noticed, and few enough wake-ups that a
+/// rank waiting for a late peer costs next to no CPU.
 const LIVENESS_SLICE: Duration = Duration::from_millis(10);
 
 /// Everything a rank chooses when it joins. Rank 0's window sizes (chunk
@@ -131,8 +131,8 @@ pub struct Communicator {
     raw: StreamCounts,
     relay: StreamCounts,
     one_shot_rounds: u32,
-    /// Whether this call's first message from the predecessor was checked
-    /// against its published call.
+    /// Whether the stamp on this call's first message from the predecessor
+    /// has been checked against our call.
     predecessor_checked: bool,
     current_call: Option<CallDescriptor>,
     init_time: Duration,
@@ -200,7 +200,8 @@ impl Communicator {
             slot_bytes: MESSAGE_HEADER_BYTES + options.chunk_policy.max_chunk_bytes(),
             raw_slots: in_flight + 1,
             relay_slots: (in_flight + 1) * relay_steps,
-            one_shot_bytes: options.one_shot_read_budget,
+            // A message at the budget fits one window, stamp included.
+            one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
         });
         let joined = if rank == 0 {
             rendezvous::host(rendezvous, nranks, requested, options.join_timeout)?

@@ -99,8 +99,20 @@ enum Command {
     },
     /// Bad DMA requests are refused with the documented errnos.
     DmaErrors,
+    /// Copies between a DMA buffer and an ivshmem BAR2 window, verified.
+    DmaBar,
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
+    /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
+    /// again (killed by SIGBUS if the device was unbound meanwhile).
+    MmapTouch {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        ready: PathBuf,
+        #[arg(long)]
+        go: PathBuf,
+    },
     /// Random ioctls and mmaps: only errnos come back.
     Fuzz {
         #[arg(long, default_value_t = 10_000)]
@@ -139,8 +151,10 @@ fn main() -> ExitCode {
         },
         Command::MmapChecks => report(windows::run()),
         Command::MmapGone { device } => report(windows::gone(device)),
+        Command::MmapTouch { device, ready, go } => report(windows::touch(device, &ready, &go)),
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
+        Command::DmaBar => report(dma::bar()),
         Command::CapsCheck => report(caps::run()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
         Command::Tree { expect, sysfs } => {

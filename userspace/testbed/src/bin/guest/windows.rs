@@ -80,6 +80,7 @@ pub fn run() -> CheckResult {
             Errno::EINVAL,
         ),
     ];
+    private_mapping_refused(a.index)?;
     for (what, index, bar, offset, len, expected) in cases {
         let got = refused(&device, index, bar, offset, len);
         println!("mmap: {what}: {got:?}");
@@ -98,5 +99,58 @@ pub fn gone(index: u32) -> CheckResult {
     if got != Some(Errno::ENODEV) {
         return Err(format!("expected ENODEV, got {got:?}"));
     }
+    Ok(())
+}
+
+/// A private (copy-on-write) mapping of a BAR window is refused: EINVAL.
+fn private_mapping_refused(index: u32) -> CheckResult {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(pcieipc::device::DEFAULT_PATH)
+        .map_err(|e| e.to_string())?;
+    let len = std::num::NonZeroUsize::new(4096).ok_or("len")?;
+    // SAFETY: a new mapping at an address the kernel picks (expected to fail).
+    let result = unsafe {
+        nix::sys::mman::mmap(
+            None,
+            len,
+            nix::sys::mman::ProtFlags::PROT_READ,
+            nix::sys::mman::MapFlags::MAP_PRIVATE,
+            &file,
+            pcieipc_uapi::mmap_offset(index, 2) as i64,
+        )
+    };
+    let got = match result {
+        Ok(ptr) => {
+            // SAFETY: the mapping just made.
+            unsafe { nix::sys::mman::munmap(ptr, 4096) }.map_err(|e| e.to_string())?;
+            None
+        }
+        Err(errno) => Some(errno),
+    };
+    println!("mmap: a private mapping of BAR2: {got:?}");
+    if got != Some(Errno::EINVAL) {
+        return Err(format!("private mapping: expected EINVAL, got {got:?}"));
+    }
+    Ok(())
+}
+
+/// `mmap-touch`: maps BAR2 of device `index`, writes a byte, creates
+/// `ready`, waits for `go` to exist, then reads the window again: after the
+/// device was unbound in between, the read must kill this process (SIGBUS).
+pub fn touch(index: u32, ready: &std::path::Path, go: &std::path::Path) -> CheckResult {
+    let device = open()?;
+    let window = device
+        .map_bar(index, 2, 0, 4096)
+        .map_err(|e| e.to_string())?;
+    window.write(0, &[0x5a]);
+    std::fs::write(ready, b"mapped\n").map_err(|e| e.to_string())?;
+    while !go.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut byte = [0u8; 1];
+    window.read(0, &mut byte);
+    println!("mmap-touch: read {:#x} after the go signal", byte[0]);
     Ok(())
 }
