@@ -19,7 +19,7 @@ use kernel::{
 
 use crate::{
     bar_regions::BarRegions,
-    bound_device::{BoundDevice, DeviceInfo, DeviceKind, RegisterBar, MAX_VECTORS},
+    bound_device::{BoundDevice, DeviceInfo, DeviceKind, MappedBar, MAX_VECTORS},
     error_handlers,
     irq_vectors::IrqVectors,
     pci_info, registry, uapi,
@@ -105,7 +105,7 @@ impl pci::Driver for PcieIpcDriver {
             }?;
         }
         let bound: &'bound pci::Device<Bound> = pdev;
-        let regs: Option<RegisterBar> = match kind {
+        let regs: Option<MappedBar> = match kind {
             DeviceKind::Generic => None,
             DeviceKind::Ivshmem | DeviceKind::Edu => {
                 Some(bound.iomap_region(0, c"pcieipc")?.into_devres()?)
@@ -149,8 +149,7 @@ impl pci::Driver for PcieIpcDriver {
         };
         // The BAR windows that copies reach (mapping requests them); the
         // other memory BARs are only requested.
-        let mut windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize] =
-            Default::default();
+        let mut windows: [Option<MappedBar>; uapi::PCIEIPC_NUM_BARS as usize] = Default::default();
         for (index, bar) in device_info.bars.iter().enumerate() {
             if bar.flags & uapi::PCIEIPC_BAR_MMAP != 0
                 && bar.size <= u64::from(uapi::PCIEIPC_DMA_BAR_MAX_SIZE)
