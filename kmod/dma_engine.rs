@@ -110,17 +110,26 @@ impl CopyEngine for CpuEngine {
 
 impl CpuEngine {
     /// Copies between a DMA buffer and a BAR window (which no device engine
-    /// here reaches) and ends `ticket`; returns the engine used.
+    /// here reaches) and ends `ticket`; returns the engine used. The BAR is
+    /// accessed in chunks, each under a short revocable (RCU) access, so a
+    /// large copy neither stalls RCU nor outlives an unbind (ENODEV then).
     pub(crate) fn copy_with_bar(
         buffer: &DmaBuffer,
         offset: usize,
-        bar: &kernel::pci::Bar<'_>,
+        bar: &MappedBar,
         bar_offset: usize,
         len: usize,
         to_bar: bool,
         ticket: &Ticket,
     ) -> Result<u32> {
-        buffer.copy_with_bar(offset, bar, bar_offset, len, to_bar)?;
+        const CHUNK: usize = 64 << 10;
+        let mut done = 0;
+        while done < len {
+            let chunk = (len - done).min(CHUNK);
+            let io = bar.try_access().ok_or(ENODEV)?;
+            buffer.copy_with_bar(offset + done, &io, bar_offset + done, chunk, to_bar)?;
+            done += chunk;
+        }
         ticket.end(Ok(()));
         Ok(CpuEngine.kind())
     }
