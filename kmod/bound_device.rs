@@ -86,8 +86,9 @@ struct Events {
     errors: u64,
 }
 
-/// The register BAR of an ivshmem or edu device (BAR0), revoked on unbind.
-pub(crate) type RegisterBar = pci::DevresBar;
+/// A BAR mapped into the kernel (registers, or a window that copies reach),
+/// revoked on unbind.
+pub(crate) type MappedBar = pci::DevresBar;
 
 #[pin_data]
 pub(crate) struct BoundDevice {
@@ -97,10 +98,10 @@ pub(crate) struct BoundDevice {
     /// The PCI device, for DMA allocations (a reference: it outlives unbind).
     pub(crate) pdev: ARef<pci::Device>,
     /// BAR0, for the kinds whose registers the module drives.
-    pub(crate) regs: Option<RegisterBar>,
+    pub(crate) regs: Option<MappedBar>,
     /// The mappable BARs of at most PCIEIPC_DMA_BAR_MAX_SIZE, mapped into
     /// the kernel for CPU copies between them and DMA buffers.
-    pub(crate) windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize],
+    pub(crate) windows: [Option<MappedBar>; uapi::PCIEIPC_NUM_BARS as usize],
     /// edu's DMA engine (idle on other kinds).
     #[pin]
     edu_dma: EduEngine,
@@ -116,8 +117,8 @@ impl BoundDevice {
         index: u32,
         info: DeviceInfo,
         pdev: ARef<pci::Device>,
-        regs: Option<RegisterBar>,
-        windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize],
+        regs: Option<MappedBar>,
+        windows: [Option<MappedBar>; uapi::PCIEIPC_NUM_BARS as usize],
     ) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
             index,

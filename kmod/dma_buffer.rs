@@ -116,8 +116,10 @@ impl DmaBuffer {
         let mut done = 0;
         while done < len {
             let io = bar_offset + done;
-            // SAFETY: `offset + done + 4 <= offset + len` lies inside the
-            // buffer (checked above); unaligned raw accesses are allowed.
+            // SAFETY: `offset + done < offset + len <= size` (checked above):
+            // the pointer stays inside the buffer. It is read or written as a
+            // `u32` only when `len - done >= 4`, i.e. when all four bytes are
+            // inside the range; unaligned raw accesses are allowed.
             let word = unsafe { base.add(offset + done) }.cast::<u32>();
             if io % 4 == 0 && len - done >= 4 {
                 if to_bar {

@@ -14,7 +14,7 @@ use kernel::{
     time::{delay::fsleep, msecs_to_jiffies, Delta, Jiffies},
 };
 
-use crate::{bound_device::RegisterBar, dma_buffer::DmaBuffer, uapi};
+use crate::{bound_device::MappedBar, dma_buffer::DmaBuffer, uapi};
 
 /// How a copy ended; waited on by DMA_WAIT.
 #[pin_data]
@@ -110,17 +110,26 @@ impl CopyEngine for CpuEngine {
 
 impl CpuEngine {
     /// Copies between a DMA buffer and a BAR window (which no device engine
-    /// here reaches) and ends `ticket`; returns the engine used.
+    /// here reaches) and ends `ticket`; returns the engine used. The BAR is
+    /// accessed in chunks, each under a short revocable (RCU) access, so a
+    /// large copy neither stalls RCU nor outlives an unbind (ENODEV then).
     pub(crate) fn copy_with_bar(
         buffer: &DmaBuffer,
         offset: usize,
-        bar: &kernel::pci::Bar<'_>,
+        bar: &MappedBar,
         bar_offset: usize,
         len: usize,
         to_bar: bool,
         ticket: &Ticket,
     ) -> Result<u32> {
-        buffer.copy_with_bar(offset, bar, bar_offset, len, to_bar)?;
+        const CHUNK: usize = 64 << 10;
+        let mut done = 0;
+        while done < len {
+            let chunk = (len - done).min(CHUNK);
+            let io = bar.try_access().ok_or(ENODEV)?;
+            buffer.copy_with_bar(offset + done, &io, bar_offset + done, chunk, to_bar)?;
+            done += chunk;
+        }
         ticket.end(Ok(()));
         Ok(CpuEngine.kind())
     }
@@ -156,7 +165,7 @@ impl EduCopy {
     }
 
     /// Starts the next step of the copy on edu.
-    fn start_step(&self, regs: &RegisterBar) -> Result {
+    fn start_step(&self, regs: &MappedBar) -> Result {
         let bar = regs.try_access().ok_or(ENODEV)?;
         let chunk = self.chunk() as u32;
         let (src, dst, cmd) = if self.in_window {
@@ -202,7 +211,7 @@ impl EduEngine {
     }
 
     /// Called by the interrupt handler after an edu DMA command ended.
-    pub(crate) fn step(&self, regs: &RegisterBar) {
+    pub(crate) fn step(&self, regs: &MappedBar) {
         let mut state = self.state.lock();
         let Some(copy) = state.active.as_mut() else {
             return;
@@ -230,7 +239,7 @@ impl EduEngine {
     /// Stops the engine for good (unbind): waits for edu to finish the DMA
     /// command in flight (it must not write into freed buffers), ends the
     /// copy in progress with ENODEV and drops the buffers.
-    pub(crate) fn close(&self, regs: &RegisterBar) {
+    pub(crate) fn close(&self, regs: &MappedBar) {
         let (active, retired) = {
             let mut state = self.state.lock();
             state.closed = true;
@@ -257,7 +266,7 @@ impl EduEngine {
 /// `EduEngine` with the registers it drives, as a `CopyEngine`.
 pub(crate) struct EduCopyEngine<'a> {
     pub(crate) engine: &'a EduEngine,
-    pub(crate) regs: &'a RegisterBar,
+    pub(crate) regs: &'a MappedBar,
 }
 
 impl CopyEngine for EduCopyEngine<'_> {

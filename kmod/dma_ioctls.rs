@@ -143,11 +143,10 @@ pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
         if buffer.device_index != device.index || !in_bar {
             return Err(EINVAL);
         }
-        let io = window.try_access().ok_or(ENODEV)?;
         CpuEngine::copy_with_bar(
             &buffer,
             offset as usize,
-            &io,
+            window,
             bar_offset as usize,
             request.length as usize,
             to_bar,

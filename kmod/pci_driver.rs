@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! The PCI driver: binds ivshmem-doorbell and edu through its ID table, and
-//! any device handed to it through `new_id` or `driver_override`.
+//! any device handed to it through `new_id` or `driver_override` (a generic
+//! device: BARs and interrupts, CPU copies).
 //!
 //! Probe enables memory space and bus mastering, maps the register BAR of the
 //! kinds the module drives, allocates interrupt vectors with a counting
@@ -9,6 +10,7 @@
 //! gone, which wakes its waiters with `ENODEV`.
 
 use kernel::{
+    bindings,
     device::{Bound, Core},
     io::Io,
     irq::{self, IrqReturn},
@@ -19,36 +21,41 @@ use kernel::{
 
 use crate::{
     bar_regions::BarRegions,
-    bound_device::{BoundDevice, DeviceInfo, DeviceKind, RegisterBar, MAX_VECTORS},
+    bound_device::{BoundDevice, DeviceInfo, DeviceKind, MappedBar, MAX_VECTORS},
     irq_vectors::IrqVectors,
     pci_info, registry, uapi,
 };
 
 pub(crate) struct PcieIpcDriver;
 
-/// Which table entry matched: the edu entry matches a class, so probe checks
-/// the IDs.
-pub(crate) enum Match {
-    /// Vendor and device matched (ivshmem-doorbell), or new_id/driver_override.
-    Ids,
-    /// QEMU's class "other" (0x00ff00): only edu is taken, unless the device
-    /// was handed over through driver_override.
-    EduClass,
-}
+/// QEMU's edu (1234:11e8). `pci::DeviceId::from_id` takes a `pci::Vendor`,
+/// which names only pci_ids.h vendors, and 0x1234 is not one of them.
+const EDU_ID: pci::DeviceId = {
+    let raw = bindings::pci_device_id {
+        vendor: 0x1234,
+        device: 0x11e8,
+        subvendor: !0,
+        subdevice: !0,
+        class: 0,
+        class_mask: 0,
+        driver_data: 0,
+        override_only: 0,
+    };
+    // SAFETY: `pci::DeviceId` is `repr(transparent)` over `pci_device_id`
+    // and carries no invariant beyond its fields; these are the fields that
+    // `from_id` writes for a vendor it can name.
+    unsafe { core::mem::transmute::<bindings::pci_device_id, pci::DeviceId>(raw) }
+};
 
+// No per-entry data: every entry's driver_data stays 0, which is what
+// `new_id` must then be given (the default), so an administrator can hand
+// the module any device; probe tells the kinds apart by their IDs.
 kernel::pci_device_table!(
     PCI_TABLE,
-    <PcieIpcDriver as pci::Driver>::IdInfo,
+    @none,
     [
-        (
-            pci::DeviceId::from_id(pci::Vendor::REDHAT_QUMRANET, 0x1110),
-            Match::Ids
-        ),
-        // QEMU's vendor 0x1234 has no pci_ids.h constant for `from_id`.
-        (
-            pci::DeviceId::from_class(0x00ff00, 0xffffff),
-            Match::EduClass
-        ),
+        pci::DeviceId::from_id(pci::Vendor::REDHAT_QUMRANET, 0x1110),
+        EDU_ID,
     ]
 );
 
@@ -72,23 +79,17 @@ pub(crate) struct DriverData<'bound> {
 }
 
 impl pci::Driver for PcieIpcDriver {
-    type IdInfo = Match;
+    type IdInfo = ();
     type Data<'bound> = DriverData<'bound>;
 
     const ID_TABLE: pci::IdTable<Self::IdInfo> = &PCI_TABLE;
 
     fn probe<'bound>(
         pdev: &'bound pci::Device<Core<'_>>,
-        info: Option<&'bound Self::IdInfo>,
+        _info: Option<&'bound Self::IdInfo>,
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
         let vendor = pdev.vendor_id().as_raw();
         let kind = DeviceKind::from_ids(vendor, pdev.device_id());
-        if matches!(info, Some(Match::EduClass))
-            && kind != DeviceKind::Edu
-            && !pci_info::has_driver_override(pdev)
-        {
-            return Err(ENODEV);
-        }
         pdev.enable_device_mem()?;
         pdev.set_master();
         if kind == DeviceKind::Edu {
@@ -103,7 +104,7 @@ impl pci::Driver for PcieIpcDriver {
             }?;
         }
         let bound: &'bound pci::Device<Bound> = pdev;
-        let regs: Option<RegisterBar> = match kind {
+        let regs: Option<MappedBar> = match kind {
             DeviceKind::Generic => None,
             DeviceKind::Ivshmem | DeviceKind::Edu => {
                 Some(bound.iomap_region(0, c"pcieipc")?.into_devres()?)
@@ -147,8 +148,7 @@ impl pci::Driver for PcieIpcDriver {
         };
         // The BAR windows that copies reach (mapping requests them); the
         // other memory BARs are only requested.
-        let mut windows: [Option<RegisterBar>; uapi::PCIEIPC_NUM_BARS as usize] =
-            Default::default();
+        let mut windows: [Option<MappedBar>; uapi::PCIEIPC_NUM_BARS as usize] = Default::default();
         for (index, bar) in device_info.bars.iter().enumerate() {
             if bar.flags & uapi::PCIEIPC_BAR_MMAP != 0
                 && bar.size <= u64::from(uapi::PCIEIPC_DMA_BAR_MAX_SIZE)

@@ -124,19 +124,6 @@ pub(crate) fn bars(
     bars
 }
 
-/// Whether an administrator handed `pdev` to a driver through sysfs
-/// `driver_override` (probe then runs for it whatever the ID table says).
-pub(crate) fn has_driver_override(pdev: &pci::Device<Bound>) -> bool {
-    // SAFETY: `dev` is embedded in the live `pci_dev`; only the pointer's
-    // nullness is read (device_has_driver_override() takes the spinlock to
-    // read the name; its presence alone needs no lock during probe, as the
-    // driver core already matched on it).
-    let name = unsafe {
-        core::ptr::read_volatile(core::ptr::addr_of!((*raw(pdev)).dev.driver_override.name))
-    };
-    !name.is_null()
-}
-
 /// The raw `struct device` of `pdev` (the DMA API takes it).
 pub(crate) fn raw_device(pdev: &pci::Device) -> *mut bindings::device {
     // SAFETY: `raw(pdev)` is a live `pci_dev`; `dev` is embedded in it.

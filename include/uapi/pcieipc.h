@@ -30,7 +30,7 @@
  * changes meaning; the minor number when something is added.
  */
 #define PCIEIPC_ABI_MAJOR 0
-#define PCIEIPC_ABI_MINOR 2
+#define PCIEIPC_ABI_MINOR 3
 
 /* Free in Documentation/userspace-api/ioctl/ioctl-number.rst. */
 #define PCIEIPC_IOC_MAGIC 0xD7

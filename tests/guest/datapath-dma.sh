@@ -18,6 +18,9 @@ measure generic "CPU fallback on pci-testdev bound through driver_override" \
     pcieipc-guest dma-copy --kind generic --sizes 1,4096,65536
 measure bar "buffer -> ivshmem BAR2 window -> buffer (CPU, unaligned), seen through the peer's window; bad BAR copies refused" \
     pcieipc-guest dma-bar
+check "CLI: pcieipc device dma-copy on edu and on ivshmem names the engine and verifies" sh -c '
+    pcieipc device dma-copy 2 --size 4096 | grep -q "device 2: 4096 bytes copied by the Edu engine in .* ms, verified" &&
+    pcieipc device dma-copy 0 --size 65536 | grep -q "device 0: 65536 bytes copied by the Cpu engine in .* ms, verified"'
 measure errors "bad copies refused (EINVAL/ENOENT), EBUSY while edu copies, tickets collected once" \
     pcieipc-guest dma-errors
 check "unbinding edu during a 1 MiB copy ends the copy's ticket with ENODEV" sh -c '

@@ -43,14 +43,20 @@ check "driver_override hands pci-testdev (no ID-table entry of its own) to pciei
     echo pcieipc > /sys/bus/pci/devices/0000:04:00.0/driver_override &&
     echo 0000:04:00.0 > /sys/bus/pci/drivers_probe &&
     pcieipc device list | grep -q "^3 0000:04:00.0 1b36:0005 Generic Bound"'
+check "new_id: pci-testdev unbound and its override cleared, then its IDs written to new_id: bound again" sh -c '
+    echo 0000:04:00.0 > /sys/bus/pci/drivers/pcieipc/unbind &&
+    echo > /sys/bus/pci/devices/0000:04:00.0/driver_override &&
+    [ ! -e /sys/bus/pci/devices/0000:04:00.0/driver ] &&
+    echo "1b36 0005" > /sys/bus/pci/drivers/pcieipc/new_id &&
+    pcieipc device list | grep -q "^[0-9]* 0000:04:00.0 1b36:0005 Generic Bound"'
 check "unbind marks the device gone (ENODEV for waits, VERSION counts 3 bound)" sh -c '
     echo 0000:02:00.0 > /sys/bus/pci/drivers/pcieipc/unbind &&
     pcieipc device list | grep -q "^1 0000:02:00.0 1af4:1110 Ivshmem Gone" &&
     ! pcieipc device wait 1 0 --timeout-ms 10 2>/tmp/err && grep -q ENODEV /tmp/err &&
     pcieipc device version --json | grep -q "\"bound_devices\":3,"'
-check "bind again: a new index (4) replaces the gone entry of that BDF" sh -c '
+check "bind again: a new index (5) replaces the gone entry of that BDF" sh -c '
     echo 0000:02:00.0 > /sys/bus/pci/drivers/pcieipc/bind &&
-    pcieipc device list | grep -q "^4 0000:02:00.0 1af4:1110 Ivshmem Bound" &&
+    pcieipc device list | grep -q "^5 0000:02:00.0 1af4:1110 Ivshmem Bound" &&
     ! pcieipc device list | grep -q "^1 "'
 check "root-only open (EACCES as uid 65534); without CAP_SYS_ADMIN: LIST/WAIT answer, RING/mmap/DMA_ALLOC get EPERM" \
     pcieipc-guest caps-check

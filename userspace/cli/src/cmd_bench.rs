@@ -74,8 +74,9 @@ pub struct Args {
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
     late_peer_ms: Option<u64>,
-    /// Bind each rank to a core (rank r to CPU r mod the CPU count), as mpirun
-    /// does for small jobs; `none` leaves placement to the scheduler.
+    /// Bind rank r to CPU r when there are at least as many CPUs as ranks, as
+    /// mpirun does; `none` (or more ranks than CPUs) leaves placement to the
+    /// scheduler.
     #[arg(long, value_name = "core|none", default_value = "core", value_parser = ["core", "none"])]
     bind_to: String,
     /// Print JSON (docs/schemas/bench-v1.schema.json) instead of the table.
@@ -158,7 +159,9 @@ fn options(args: &Args, rank: usize) -> CommOptions {
     let defaults = CommOptions::default();
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
     CommOptions {
-        bind_cpu: (args.bind_to == "core").then_some(rank % cpus),
+        // Like mpirun, bind only while every rank gets a core of its own: a
+        // bound rank polls without yielding, which ranks sharing a core must not.
+        bind_cpu: (args.bind_to == "core" && args.nranks <= cpus).then_some(rank),
         transport: args.transport,
         algorithm: args.algorithm,
         chunk_policy: args

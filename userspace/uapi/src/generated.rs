@@ -4,7 +4,7 @@
 
 pub const PCIEIPC_DEVICE_NAME: &[u8; 8] = b"pcieipc\0";
 pub const PCIEIPC_ABI_MAJOR: u32 = 0;
-pub const PCIEIPC_ABI_MINOR: u32 = 2;
+pub const PCIEIPC_ABI_MINOR: u32 = 3;
 pub const PCIEIPC_IOC_MAGIC: u32 = 215;
 pub const PCIEIPC_VERSION_STRING_LEN: u32 = 32;
 pub const PCIEIPC_IOC_VERSION: u32 = 55040;

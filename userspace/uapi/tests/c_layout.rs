@@ -103,6 +103,17 @@ fn gcc_agrees_with_the_bindings_and_no_struct_has_padding() {
         ("PCIEIPC_MMAP_OFFSET(3, 2)", mmap_offset(3, 2)),
         ("PCIEIPC_ABI_MAJOR", PCIEIPC_ABI_MAJOR as u64),
         ("PCIEIPC_ABI_MINOR", PCIEIPC_ABI_MINOR as u64),
+        ("PCIEIPC_MMAP_DMA", PCIEIPC_MMAP_DMA),
+        ("PCIEIPC_DMA_SRC_BAR", PCIEIPC_DMA_SRC_BAR as u64),
+        ("PCIEIPC_DMA_DST_BAR", PCIEIPC_DMA_DST_BAR as u64),
+        ("PCIEIPC_DMA_BAR_MAX_SIZE", PCIEIPC_DMA_BAR_MAX_SIZE as u64),
+        ("PCIEIPC_DMA_MAX_SIZE", PCIEIPC_DMA_MAX_SIZE as u64),
+        ("PCIEIPC_MAX_VECTORS", PCIEIPC_MAX_VECTORS as u64),
+        ("PCIEIPC_NUM_BARS", PCIEIPC_NUM_BARS as u64),
+        ("PCIEIPC_WAIT_FOREVER", PCIEIPC_WAIT_FOREVER as u64),
+        ("PCIEIPC_EVENT_RING_CAPACITY", PCIEIPC_EVENT_RING_CAPACITY as u64),
+        ("PCIEIPC_BDF_NONE", PCIEIPC_BDF_NONE as u64),
+        ("PCIEIPC_BDF(1, 0x3b, 9)", 0x0001_3b09),
     ] {
         expressions.push(expr.into());
         expected.push(value);

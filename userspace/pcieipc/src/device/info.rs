@@ -171,14 +171,6 @@ impl Device {
             entries.resize(arg.count as usize, Default::default());
         }
     }
-
-    /// The listed device of `index`.
-    pub fn find(&self, index: u32) -> Result<BoundDevice, DeviceError> {
-        self.list()?
-            .into_iter()
-            .find(|d| d.index == index)
-            .ok_or_else(|| self.device_error("PCIEIPC_IOC_LIST", index, nix::errno::Errno::ENOENT))
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@ const SCRATCH: usize = 8192;
 
 /// The errnos the module's contract allows for any input (docs/abi.md).
 const ALLOWED: &[Errno] = &[
+    Errno::EBUSY,
+    Errno::ENOSPC,
     Errno::ENOTTY,
     Errno::EINVAL,
     Errno::EFAULT,
@@ -180,10 +182,73 @@ pub fn run(iterations: u64, seed: u64) -> CheckResult {
             Err(errno) => return Err(format!("mmap offset {offset:#x} len {len}: {errno}")),
         }
     }
+    let dma_outcomes = dma_phase(&mut rng, iterations / 20)?;
     println!("fuzz: {iterations} random ioctls (seed {seed}): {outcomes:?}");
+    println!(
+        "fuzz: {} plausible DMA copies and waits: {dma_outcomes:?}",
+        iterations / 20
+    );
     println!(
         "fuzz: {} random mmaps, {mapped} mapped and unmapped",
         iterations / 10
     );
     Ok(())
+}
+
+/// Plausible DMA requests: real buffers of the bound devices, random offsets,
+/// lengths (small: edu takes 200 ms per 4 KiB), BAR flags and BAR numbers,
+/// and short ticket waits; the file is closed with copies possibly still
+/// running on edu (the copy holds its buffers).
+fn dma_phase(rng: &mut Rng, copies: u64) -> Result<BTreeMap<String, u64>, String> {
+    let device =
+        pcieipc::device::Device::open(pcieipc::device::DEFAULT_PATH).map_err(|e| e.to_string())?;
+    let devices: Vec<u32> = device
+        .list()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .filter(|d| d.state == pcieipc::device::DeviceState::Bound)
+        .map(|d| d.index)
+        .collect();
+    let mut buffers = Vec::new();
+    for &index in &devices {
+        for _ in 0..2 {
+            let size = rng.below(16 << 10) + 1;
+            buffers.push(device.dma_alloc(index, size).map_err(|e| e.to_string())?);
+        }
+    }
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut note = |what: &str, result: Result<(), Errno>| -> Result<(), String> {
+        let key = match result {
+            Ok(()) => format!("{what} ok"),
+            Err(errno) if ALLOWED.contains(&errno) => format!("{what} {errno:?}"),
+            Err(errno) => return Err(format!("{what}: {errno}")),
+        };
+        *outcomes.entry(key).or_default() += 1;
+        Ok(())
+    };
+    for _ in 0..copies {
+        let a = &buffers[rng.below(buffers.len() as u64) as usize];
+        let b = &buffers[rng.below(buffers.len() as u64) as usize];
+        let length = rng.below(6000) + 1;
+        let (src_offset, dst_offset) = (rng.below(a.size + 16), rng.below(b.size + 16));
+        let bar = rng.below(8) as u32;
+        let result = match rng.below(4) {
+            0 => device.dma_copy_to_bar(a, src_offset, bar, dst_offset, length),
+            1 => device.dma_copy_from_bar(bar, src_offset, a, dst_offset, length),
+            _ => device.dma_copy((a, src_offset), (b, dst_offset), length),
+        };
+        match result {
+            Ok(ticket) => {
+                note("copy", Ok(()))?;
+                let timeout = std::time::Duration::from_millis(rng.below(3));
+                let waited = device.dma_wait(&ticket, Some(timeout)).map(|_| ());
+                note(
+                    "wait",
+                    waited.map_err(|e| e.errno().unwrap_or(Errno::EINVAL)),
+                )?;
+            }
+            Err(e) => note("copy", Err(e.errno().unwrap_or(Errno::EINVAL)))?,
+        }
+    }
+    Ok(outcomes)
 }
