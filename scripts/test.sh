@@ -35,6 +35,7 @@ datapath.toml datapath-fuzz.sh
 datapath.toml datapath-dma.sh
 datapath.toml datapath-aer.sh
 ivshmem-quad.toml datapath-ring4.sh
+engine-pcieipc.toml engine-pcieipc.sh
 LIST
 
 echo

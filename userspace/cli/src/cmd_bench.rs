@@ -52,7 +52,8 @@ pub struct Args {
     /// Ranks to start on this host.
     #[arg(long, default_value_t = 2)]
     nranks: usize,
-    /// Transport between the ranks.
+    /// Transport between the ranks: shm (host memory) or pcieipc (the shared
+    /// BAR2 of ivshmem-doorbell devices of /dev/pcieipc, rank r on the r-th).
     #[arg(long, default_value = "shm")]
     transport: TransportKind,
     /// all_reduce algorithm: auto (by size and rank count), ring, one-shot.
@@ -367,7 +368,8 @@ fn sizes(args: &Args, element_bytes: usize) -> Vec<usize> {
     loop {
         sizes.push(size / element_bytes * element_bytes);
         match size.checked_mul(args.step_factor) {
-            Some(next) if next <= args.max_bytes => size = next,
+            // A size of 0 never grows: it is measured once.
+            Some(next) if next > size && next <= args.max_bytes => size = next,
             _ => break,
         }
     }

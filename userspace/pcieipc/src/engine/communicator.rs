@@ -14,6 +14,7 @@ use super::failure::Failure;
 use super::rendezvous;
 use super::shm::{self, ShmTransport};
 use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
+use super::transport_pcieipc::PcieipcTransport;
 
 /// How long a waiting rank that is not bound to a CPU polls before it starts
 /// yielding its core between polls.
@@ -56,6 +57,9 @@ pub struct CommOptions {
     /// ranks to cores: two ranks time-sharing one core turn every wait into a
     /// context switch.
     pub bind_cpu: Option<usize>,
+    /// The pcieipc transport's device: this index of /dev/pcieipc; `None`
+    /// takes the rank-th bound ivshmem-doorbell device.
+    pub pcieipc_device: Option<u32>,
 }
 
 impl Default for CommOptions {
@@ -71,6 +75,7 @@ impl Default for CommOptions {
             algorithm: AlgorithmChoice::Auto,
             one_shot_read_budget: 64 << 10,
             bind_cpu: None,
+            pcieipc_device: None,
         }
     }
 }
@@ -203,26 +208,40 @@ impl Communicator {
             // A message at the budget fits one window, stamp included.
             one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
         });
-        let joined = if rank == 0 {
-            rendezvous::host(rendezvous, nranks, requested, options.join_timeout)?
-        } else {
-            rendezvous::join(rendezvous, rank, nranks, options.join_timeout)?
-        };
         let transport: Box<dyn Transport> = match options.transport {
-            TransportKind::Shm => Box::new(ShmTransport::attach(
-                joined.segment,
+            TransportKind::Shm => {
+                let joined = if rank == 0 {
+                    rendezvous::host(rendezvous, nranks, requested, options.join_timeout)?
+                } else {
+                    rendezvous::join(rendezvous, rank, nranks, options.join_timeout)?
+                };
+                Box::new(ShmTransport::attach(
+                    joined.segment,
+                    rank,
+                    joined.sizes,
+                    joined.pids,
+                )?)
+            }
+            // Rank 0 must prepare its device's region before it admits anyone,
+            // so this transport runs the rendezvous itself.
+            TransportKind::Pcieipc => Box::new(PcieipcTransport::init(
+                rendezvous,
                 rank,
-                joined.sizes,
-                joined.pids,
+                nranks,
+                requested,
+                options.pcieipc_device,
+                options.join_timeout,
             )?),
         };
+        // Rank 0's choice: the windows were sized with it.
+        let in_flight = transport.sizes().raw_slots - 1;
         let mut communicator = Communicator {
             transport,
             rank,
             nranks,
             chunk_bytes: 0,
             options: CommOptions {
-                in_flight: joined.sizes.raw_slots - 1,
+                in_flight,
                 ..options
             },
             calls: 0,
@@ -611,6 +630,13 @@ impl Communicator {
                 break Err(transport.abort(Failure::PeerDied { rank, pid }).into());
             }
             if transport.departed(peer) {
+                // It may have posted what we wait for after our load above and
+                // then left (a rank returns from its last call without waiting
+                // for its successor to read): the departure, seen here,
+                // publishes that post.
+                if reached(transport.load(owner, signal)) {
+                    break Ok(());
+                }
                 break Err(transport.abort(Failure::PeerLeft { rank: peer }).into());
             }
             let waited = started.elapsed();

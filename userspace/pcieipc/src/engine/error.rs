@@ -54,6 +54,14 @@ pub enum EngineError {
         source: io::Error,
     },
 
+    // `error` is printed, not chained as a source: its own messages already
+    // carry the device path and the errno.
+    #[error("rank {rank}: pcieipc transport: {error}")]
+    Pcieipc {
+        rank: usize,
+        error: super::transport_pcieipc::PcieipcError,
+    },
+
     #[error("rank {rank} (pid {pid}) exited")]
     PeerDied { rank: usize, pid: u32 },
 

@@ -14,6 +14,7 @@ mod failure;
 mod rendezvous;
 mod shm;
 mod transport;
+mod transport_pcieipc;
 
 pub use algorithm::{Algorithm, AlgorithmChoice, UnknownAlgorithm};
 pub use call::{CallDescriptor, CallKind};
@@ -24,3 +25,4 @@ pub use error::EngineError;
 pub use failure::Failure;
 pub use shm::SEGMENT_NAME;
 pub use transport::{Signal, Transport, TransportKind, UnknownTransport, Window, WindowSizes};
+pub use transport_pcieipc::PcieipcError;

@@ -146,7 +146,7 @@ pub struct ShmTransport {
 // atomics or through windows whose ownership the counters hand over.
 unsafe impl Send for ShmTransport {}
 
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {

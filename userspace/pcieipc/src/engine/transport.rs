@@ -4,9 +4,9 @@
 //! for whom, the abort record).
 //!
 //! The shm transport keeps all of it in one memfd segment and sleeps on
-//! futexes. A pcieipc transport maps the same windows onto the ivshmem BAR, rings
-//! the next rank's doorbell in `store` and waits on its MSI-X interrupt in
-//! `sleep`; a CUDA transport maps them onto IPC device memory. The algorithms in
+//! futexes. The pcieipc transport maps the same windows onto the ivshmem BAR,
+//! rings the sleeping peer's doorbell in `store` and waits on its own MSI-X
+//! interrupt in `sleep`; a CUDA transport maps them onto IPC device memory. The algorithms in
 //! the communicator never see which.
 
 use std::time::Duration;
@@ -18,12 +18,16 @@ use super::failure::Failure;
 pub enum TransportKind {
     /// A memfd segment in host memory shared by ranks on one host.
     Shm,
+    /// The shared BAR2 of ivshmem-doorbell devices bound by /dev/pcieipc,
+    /// doorbells and MSI-X interrupt waits.
+    Pcieipc,
 }
 
 impl TransportKind {
     pub fn name(self) -> &'static str {
         match self {
             TransportKind::Shm => "shm",
+            TransportKind::Pcieipc => "pcieipc",
         }
     }
 }
@@ -33,6 +37,7 @@ impl std::str::FromStr for TransportKind {
     fn from_str(name: &str) -> Result<TransportKind, UnknownTransport> {
         match name {
             "shm" => Ok(TransportKind::Shm),
+            "pcieipc" => Ok(TransportKind::Pcieipc),
             _ => Err(UnknownTransport(name.to_owned())),
         }
     }
@@ -40,7 +45,7 @@ impl std::str::FromStr for TransportKind {
 
 /// A transport name this build does not provide.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown transport {0:?} (this build provides: shm)")]
+#[error("unknown transport {0:?} (this build provides: shm, pcieipc)")]
 pub struct UnknownTransport(pub String);
 
 /// A window its owner writes and its peers read.
