@@ -4,7 +4,7 @@
 # build/env.sh with the paths the other scripts use.
 source "$(dirname "$0")/common.sh"
 bash "$REPO_ROOT/scripts/setup-host.sh"
-source "$PCIEIPC_CACHE/env.sh"
+. "$PCIEIPC_CACHE/env.sh"
 
 KERNEL_BUILD="$(bash "$REPO_ROOT/scripts/build-kernel.sh" | sed -n 's/^KERNEL_BUILD=//p')"
 [ -n "$KERNEL_BUILD" ] || die "the kernel build did not report its directory"
@@ -20,7 +20,7 @@ cargo build -q --release --workspace --manifest-path "$REPO_ROOT/Cargo.toml" ||
 
 mkdir -p "$REPO_ROOT/build"
 cat >"$REPO_ROOT/build/env.sh" <<ENV
-source "$PCIEIPC_CACHE/env.sh"
+. "$PCIEIPC_CACHE/env.sh"
 export PCIEIPC_KERNEL_BUILD="$KERNEL_BUILD"
 export PCIEIPC_KERNEL="$KERNEL_BUILD/arch/x86/boot/bzImage"
 export PCIEIPC_MODULE="$REPO_ROOT/kmod/pcieipc.ko"

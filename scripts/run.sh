@@ -13,14 +13,19 @@ log "pcieipc probe (this machine)"
 # and the benchmark still runs; 2 means the probe itself failed.
 pcieipc probe || [ $? -eq 1 ]
 
+log "pcieipc bench: AllReduce over the shm transport, 2 ranks, 8 B to 64 MiB, results checked"
+pcieipc bench --nranks 2 -b 8 -e 64M -f 8 -n 20 -w 5 -c 1
+
 if [ -c /dev/pcieipc ]; then
     log "the pcieipc module is loaded on this machine"
     pcieipc device version
     pcieipc device list
+    ivshmem="$(pcieipc device list --json | grep -o '"kind":"ivshmem"' | wc -l)"
+    if [ "$ivshmem" -ge 2 ]; then
+        log "pcieipc bench over the module's $ivshmem ivshmem devices"
+        pcieipc bench --transport pcieipc --nranks 2 -b 8 -e 1M -f 8 -n 20 -w 5 -c 1 --chunk-bytes 16K
+    fi
 fi
-
-log "pcieipc bench: AllReduce over the shm transport, 2 ranks, 8 B to 64 MiB, results checked"
-pcieipc bench --nranks 2 -b 8 -e 64M -f 8 -n 20 -w 5 -c 1
 
 log "testbed demo: tests/topologies/fabric.toml"
 bash scripts/testbed.sh tests/topologies/fabric.toml tests/guest/demo.sh
