@@ -20,30 +20,6 @@ use kernel::{
 
 include!("../userspace/uapi/src/generated.rs");
 
-/// Marks ABI structs as plain bytes for user copies.
-macro_rules! plain_abi_struct {
-    ($($t:ty),* $(,)?) => {$(
-        // SAFETY: the struct is `repr(C)`, made of integer fields (and arrays
-        // and structs of them) whose sizes add up to the struct's size, so it
-        // has no padding (the generated layout assertions pin every offset),
-        // and every bit pattern is a valid value.
-        unsafe impl FromBytes for $t {}
-        // SAFETY: as above: no padding, so every byte is initialised.
-        unsafe impl AsBytes for $t {}
-    )*};
-}
-
-plain_abi_struct!(
-    pcieipc_version,
-    pcieipc_link_regs,
-    pcieipc_link_status,
-    pcieipc_link_retrain,
-    pcieipc_watch,
-    pcieipc_reset,
-    pcieipc_aer_regs,
-    pcieipc_event,
-);
-
 /// `FromBytes` + `AsBytes` for ABI structs made only of integer fields
 /// (and arrays or structs of them) with no implicit padding: bindgen's
 /// layout assertions in the generated file pin each size and offset, and the
@@ -69,6 +45,14 @@ plain_abi_struct!(
     pcieipc_dma_alloc,
     pcieipc_dma_copy,
     pcieipc_dma_wait,
+    pcieipc_version,
+    pcieipc_link_regs,
+    pcieipc_link_status,
+    pcieipc_link_retrain,
+    pcieipc_watch,
+    pcieipc_reset,
+    pcieipc_aer_regs,
+    pcieipc_event,
 );
 
 /// An ioctl argument of an argsz-versioned struct (see the header's
