@@ -145,47 +145,17 @@ mod tests {
 
     #[test]
     fn lays_out_root_ports_switch_and_endpoints() {
-        let topology = Topology::parse(
-            r#"
-            [[root_port]]
-            id = "rp1"
-            speed = "2.5"
-            width = 1
-            [[root_port]]
-            id = "rp2"
-            speed = "16"
-            width = 16
-            [[switch]]
-            id = "sw"
-            parent = "rp2"
-            downstream = [{ id = "dp1" }, { id = "dp2" }]
-            [[endpoint]]
-            id = "edu0"
-            kind = "edu"
-            parent = "rp1"
-            [[endpoint]]
-            id = "ivs"
-            kind = "ivshmem-doorbell"
-            parent = "dp2"
-            region = "r"
-            [[region]]
-            id = "r"
-            size = "1M"
-            vectors = 3
-            "#,
-        )
-        .unwrap();
-        let fabric = lay_out(&topology);
+        let fabric = lay_out(&Topology::parse(crate::topology::tests::FABRIC).unwrap());
         assert_eq!(
             fabric.devices,
             [
                 "pcie-root-port,id=rp1,bus=pcie.0,addr=0x10.0,chassis=1,slot=1,x-speed=2_5,x-width=1",
                 "edu,id=edu0,bus=rp1,addr=0x0.0,dma_mask=0xffffffff",
                 "pcie-root-port,id=rp2,bus=pcie.0,addr=0x11.0,chassis=2,slot=2,x-speed=16,x-width=16",
-                "x3130-upstream,id=sw,bus=rp2,addr=0x0.0",
-                "xio3130-downstream,id=dp1,bus=sw,addr=0x0.0,chassis=3,slot=3",
-                "xio3130-downstream,id=dp2,bus=sw,addr=0x1.0,chassis=4,slot=4",
-                "ivshmem-doorbell,id=ivs,bus=dp2,addr=0x0.0,chardev=ivs-ivshmem,vectors=3",
+                "x3130-upstream,id=sw1,bus=rp2,addr=0x0.0",
+                "xio3130-downstream,id=dp1,bus=sw1,addr=0x0.0,chassis=3,slot=3",
+                "ivshmem-doorbell,id=ivs0,bus=dp1,addr=0x0.0,chardev=ivs0-ivshmem,vectors=2",
+                "xio3130-downstream,id=dp2,bus=sw1,addr=0x1.0,chassis=4,slot=4",
             ]
         );
         let lines: Vec<String> = fabric.expected_tree.iter().map(ToString::to_string).collect();
@@ -194,13 +164,14 @@ mod tests {
             [
                 "10.0 1b36:000c root-port speed=2.5 width=1 max-speed=2.5 max-width=1",
                 "10.0/00.0 1234:11e8 endpoint",
+                // Trained down to QEMU's 2.5 GT/s x1 switch upstream port.
                 "11.0 1b36:000c root-port speed=2.5 width=1 max-speed=16.0 max-width=16",
                 "11.0/00.0 104c:8232 switch-upstream",
                 "11.0/00.0/00.0 104c:8233 switch-downstream",
+                "11.0/00.0/00.0/00.0 1af4:1110 endpoint",
                 "11.0/00.0/01.0 104c:8233 switch-downstream",
-                "11.0/00.0/01.0/00.0 1af4:1110 endpoint",
             ]
         );
-        assert_eq!(fabric.ivshmem, [("ivs".to_string(), "r".to_string())]);
+        assert_eq!(fabric.ivshmem, [("ivs0".to_string(), "shm".to_string())]);
     }
 }

@@ -319,10 +319,11 @@ pub enum ParseError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const FABRIC: &str = r#"
+    /// A fabric with every kind of element; the fabric layout tests use it too.
+    pub(crate) const FABRIC: &str = r#"
         [[root_port]]
         id = "rp1"
         speed = "2.5"
