@@ -12,6 +12,7 @@ mod dtype;
 mod error;
 mod failure;
 mod rendezvous;
+mod segment;
 mod shm;
 mod transport;
 mod transport_pcieipc;

@@ -8,103 +8,20 @@
 //! processes); liveness comes from a pidfd per peer.
 
 use std::num::NonZeroUsize;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
-use super::call::CallDescriptor;
 use super::error::EngineError;
-use super::failure::{Failure, FAILURE_WORDS};
-use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes, SIGNALS};
+use super::segment::{round_up, Layout, Segment, SegmentTransport, Signalling, PAGE};
+use super::transport::{Signal, TransportKind, WindowSizes, SIGNALS};
 
 /// The name under which the segment appears in /proc/<pid>/maps and fd links
 /// (`/memfd:pcieipc-engine`); tests look for it to prove nothing is left.
 pub const SEGMENT_NAME: &str = "pcieipc-engine";
-
-const PAGE: usize = 4096;
-
-#[repr(C, align(64))]
-struct Counter {
-    value: AtomicU32,
-    waiters: AtomicU32,
-}
-
-#[repr(C, align(64))]
-struct PublishedCall {
-    /// seq + 1 of the call described, 0 while none: written after the words.
-    seq_plus_one: AtomicU64,
-    words: [AtomicU64; 3],
-}
-
-#[repr(C, align(64))]
-struct RankStatus {
-    /// rank + 1 of the peer this rank is blocked on, 0 while running.
-    blocked_on: AtomicU32,
-    departed: AtomicU32,
-}
-
-#[repr(C)]
-struct RankControl {
-    counters: [Counter; SIGNALS.len()],
-    status: RankStatus,
-    /// Indexed by call parity. A rank waiting on a peer in the one-shot path
-    /// finds the peer at most one call ahead; elsewhere (a broadcast chain) a
-    /// peer may run further ahead and reuse the entry, which readers detect
-    /// and then ignore: messages carry their own call stamp for that case.
-    published: [PublishedCall; 2],
-}
-
-const ABORT_NONE: u32 = 0;
-const ABORT_WRITING: u32 = 1;
-const ABORT_SET: u32 = 2;
-
-#[repr(C, align(64))]
-struct GlobalControl {
-    abort_state: AtomicU32,
-    abort_words: [AtomicU64; FAILURE_WORDS],
-}
-
-/// Where everything lives in the segment; a pure function of the rank count
-/// and window sizes, so every rank computes the same offsets.
-#[derive(Clone, Copy, Debug)]
-struct Layout {
-    nranks: usize,
-    sizes: WindowSizes,
-    controls: usize,
-    windows: usize,
-    per_rank_windows: usize,
-    relay: usize,
-    one_shot: usize,
-    total: usize,
-}
-
-fn round_up(bytes: usize, to: usize) -> usize {
-    bytes.div_ceil(to) * to
-}
-
-impl Layout {
-    fn new(nranks: usize, sizes: WindowSizes) -> Layout {
-        let controls = round_up(std::mem::size_of::<GlobalControl>(), PAGE);
-        let windows = controls + round_up(nranks * std::mem::size_of::<RankControl>(), PAGE);
-        let relay = sizes.raw_slots * sizes.slot_bytes;
-        let one_shot = relay + sizes.relay_slots * sizes.slot_bytes;
-        let per_rank_windows = round_up(one_shot + 2 * sizes.one_shot_bytes, PAGE);
-        Layout {
-            nranks,
-            sizes,
-            controls,
-            windows,
-            per_rank_windows,
-            relay,
-            one_shot,
-            total: windows + nranks * per_rank_windows,
-        }
-    }
-}
 
 /// Rounds the requested window sizes so every slot starts on a page.
 pub(crate) fn page_aligned(sizes: WindowSizes) -> WindowSizes {
@@ -133,27 +50,26 @@ pub(crate) fn create_segment(nranks: usize, sizes: WindowSizes) -> Result<OwnedF
     Ok(fd)
 }
 
-pub struct ShmTransport {
-    rank: usize,
-    base: NonNull<u8>,
-    layout: Layout,
-    /// One per rank; `None` for this rank.
-    peer_pidfds: Vec<Option<OwnedFd>>,
-    pids: Vec<u32>,
+pub(super) type ShmTransport = SegmentTransport<Futexes>;
+
+/// Futex sleeps and wakes on the counters of the memfd segment, which this
+/// keeps mapped.
+pub(super) struct Futexes {
+    mapping: NonNull<std::ffi::c_void>,
+    length: usize,
 }
 
-// SAFETY: the mapping is process-wide and every shared field is accessed through
-// atomics or through windows whose ownership the counters hand over.
-unsafe impl Send for ShmTransport {}
+// SAFETY: the mapping is process-wide; `Futexes` only unmaps it.
+unsafe impl Send for Futexes {}
 
-pub(crate) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+impl Drop for Futexes {
+    fn drop(&mut self) {
+        // SAFETY: `mapping` and `length` are exactly the mapping made in
+        // `attach`; the transport's segment, the only view of it, drops with it.
+        unsafe {
+            let _ = munmap(self.mapping, self.length);
+        }
     }
-    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 impl ShmTransport {
@@ -165,8 +81,7 @@ impl ShmTransport {
         sizes: WindowSizes,
         pids: Vec<u32>,
     ) -> Result<ShmTransport, EngineError> {
-        let nranks = pids.len();
-        let layout = Layout::new(nranks, sizes);
+        let layout = Layout::new(pids.len(), sizes);
         let length =
             NonZeroUsize::new(layout.total).expect("segment holds at least its control page");
         // SAFETY: a fresh shared mapping of a memfd of exactly this length; no
@@ -187,54 +102,21 @@ impl ShmTransport {
             source: errno.into(),
         })?;
         drop(fd);
-        let mut transport = ShmTransport {
-            rank,
-            base: base.cast(),
-            layout,
-            peer_pidfds: Vec::with_capacity(nranks),
-            pids: pids.clone(),
+        // SAFETY: the mapping just made is page aligned, `layout.total` bytes
+        // long, zeroed or written only by ranks of this layout, and unmapped
+        // only when `Futexes` drops with the transport.
+        let segment = unsafe { Segment::new(base.cast(), layout) };
+        let futexes = Futexes {
+            mapping: base,
+            length: layout.total,
         };
-        for (peer, pid) in pids.iter().enumerate() {
-            if peer == rank {
-                transport.peer_pidfds.push(None);
-                continue;
-            }
-            match pidfd_open(*pid) {
-                Ok(pidfd) => transport.peer_pidfds.push(Some(pidfd)),
-                Err(_) => {
-                    let failure = Failure::PeerDied {
-                        rank: peer,
-                        pid: *pid,
-                    };
-                    return Err(transport.abort(failure).into());
-                }
-            }
-        }
-        Ok(transport)
+        ShmTransport::new(rank, segment, futexes).watch(pids)
     }
+}
 
-    fn global(&self) -> &GlobalControl {
-        // SAFETY: the control page is at the start of the mapping, zero-initialised
-        // atomics are valid, and the mapping outlives `self`.
-        unsafe { &*self.base.as_ptr().cast::<GlobalControl>() }
-    }
-
-    fn control(&self, rank: usize) -> &RankControl {
-        assert!(rank < self.layout.nranks, "rank {rank} out of range");
-        // SAFETY: `Layout` reserves nranks RankControl blocks at `controls`;
-        // the mapping is 64-byte aligned (page aligned) and outlives `self`.
-        unsafe {
-            &*self
-                .base
-                .as_ptr()
-                .add(self.layout.controls)
-                .cast::<RankControl>()
-                .add(rank)
-        }
-    }
-
-    fn counter(&self, owner: usize, signal: Signal) -> &Counter {
-        &self.control(owner).counters[signal as usize]
+fn wake_all_counters_of(transport: &ShmTransport, rank: usize) {
+    for signal in SIGNALS {
+        futex_wake_all(&transport.segment.counter(rank, signal).value);
     }
 }
 
@@ -266,54 +148,11 @@ fn futex_wake_all(word: &AtomicU32) {
     }
 }
 
-impl Transport for ShmTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Shm
-    }
+impl Signalling for Futexes {
+    const KIND: TransportKind = TransportKind::Shm;
 
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn nranks(&self) -> usize {
-        self.layout.nranks
-    }
-
-    fn sizes(&self) -> WindowSizes {
-        self.layout.sizes
-    }
-
-    fn window(&self, owner: usize, window: Window) -> *mut u8 {
-        let sizes = self.layout.sizes;
-        let offset = match window {
-            Window::Raw { slot } => {
-                assert!(slot < sizes.raw_slots);
-                slot * sizes.slot_bytes
-            }
-            Window::Relay { slot } => {
-                assert!(slot < sizes.relay_slots);
-                self.layout.relay + slot * sizes.slot_bytes
-            }
-            Window::OneShot { parity } => {
-                assert!(parity < 2);
-                self.layout.one_shot + parity * sizes.one_shot_bytes
-            }
-        };
-        assert!(owner < self.layout.nranks);
-        // SAFETY: `Layout` places every window of every rank inside the mapping.
-        unsafe {
-            self.base
-                .as_ptr()
-                .add(self.layout.windows + owner * self.layout.per_rank_windows + offset)
-        }
-    }
-
-    fn load(&self, owner: usize, signal: Signal) -> u32 {
-        self.counter(owner, signal).value.load(Ordering::Acquire)
-    }
-
-    fn store(&self, owner: usize, signal: Signal, value: u32) {
-        let counter = self.counter(owner, signal);
+    fn store(transport: &ShmTransport, owner: usize, signal: Signal, value: u32) {
+        let counter = transport.segment.counter(owner, signal);
         // SeqCst on both the value and the waiter count (here and in `sleep`):
         // either this store sees the sleeper registered, or the sleeper sees the
         // new value before it sleeps. A syscall is paid only when someone sleeps.
@@ -323,8 +162,14 @@ impl Transport for ShmTransport {
         }
     }
 
-    fn sleep(&self, owner: usize, signal: Signal, observed: u32, slice: Duration) {
-        let counter = self.counter(owner, signal);
+    fn sleep(
+        transport: &ShmTransport,
+        owner: usize,
+        signal: Signal,
+        observed: u32,
+        slice: Duration,
+    ) {
+        let counter = transport.segment.counter(owner, signal);
         counter.waiters.fetch_add(1, Ordering::SeqCst);
         if counter.value.load(Ordering::SeqCst) == observed {
             futex_wait(&counter.value, observed, slice);
@@ -332,133 +177,13 @@ impl Transport for ShmTransport {
         counter.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
-    fn dead_peers(&self) -> Vec<(usize, u32)> {
-        let watched: Vec<(usize, &OwnedFd)> = self
-            .peer_pidfds
-            .iter()
-            .enumerate()
-            .filter_map(|(peer, pidfd)| pidfd.as_ref().map(|pidfd| (peer, pidfd)))
-            .collect();
-        let mut fds: Vec<PollFd> = watched
-            .iter()
-            .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN))
-            .collect();
-        // A pidfd polls readable once its process has exited.
-        if poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) <= 0 {
-            return Vec::new();
-        }
-        fds.iter()
-            .zip(&watched)
-            .filter(|(fd, _)| fd.revents().is_some_and(|revents| !revents.is_empty()))
-            .map(|(_, (peer, _))| (*peer, self.pids[*peer]))
-            .collect()
+    fn wake_departed(transport: &ShmTransport) {
+        wake_all_counters_of(transport, transport.rank);
     }
 
-    fn set_blocked_on(&self, peer: Option<usize>) {
-        let encoded = peer.map_or(0, |peer| peer as u32 + 1);
-        self.control(self.rank)
-            .status
-            .blocked_on
-            .store(encoded, Ordering::Release);
-    }
-
-    fn blocked_on(&self, rank: usize) -> Option<usize> {
-        match self.control(rank).status.blocked_on.load(Ordering::Acquire) {
-            0 => None,
-            encoded => Some(encoded as usize - 1),
-        }
-    }
-
-    fn set_departed(&self) {
-        self.control(self.rank)
-            .status
-            .departed
-            .store(1, Ordering::Release);
-        // A peer asleep on one of this rank's counters must notice the departure.
-        for signal in SIGNALS {
-            futex_wake_all(&self.counter(self.rank, signal).value);
-        }
-    }
-
-    fn departed(&self, rank: usize) -> bool {
-        self.control(rank).status.departed.load(Ordering::Acquire) != 0
-    }
-
-    fn publish_call(&self, seq: u64, call: CallDescriptor) {
-        // A seqlock: readers that see the sequence change under them discard
-        // what they read.
-        let entry = &self.control(self.rank).published[(seq % 2) as usize];
-        entry.seq_plus_one.store(0, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        for (word, value) in entry.words.iter().zip(call.to_words()) {
-            word.store(value, Ordering::Relaxed);
-        }
-        entry.seq_plus_one.store(seq + 1, Ordering::Release);
-    }
-
-    fn published_call(&self, owner: usize, seq: u64) -> Option<CallDescriptor> {
-        let entry = &self.control(owner).published[(seq % 2) as usize];
-        if entry.seq_plus_one.load(Ordering::Acquire) != seq + 1 {
-            return None;
-        }
-        let words = [0, 1, 2].map(|at| entry.words[at].load(Ordering::Relaxed));
-        std::sync::atomic::fence(Ordering::Acquire);
-        if entry.seq_plus_one.load(Ordering::Relaxed) != seq + 1 {
-            return None;
-        }
-        CallDescriptor::from_words(words)
-    }
-
-    fn abort(&self, failure: Failure) -> Failure {
-        let global = self.global();
-        if global
-            .abort_state
-            .compare_exchange(
-                ABORT_NONE,
-                ABORT_WRITING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            for (word, value) in global.abort_words.iter().zip(failure.to_words()) {
-                word.store(value, Ordering::Relaxed);
-            }
-            global.abort_state.store(ABORT_SET, Ordering::Release);
-        }
-        for rank in 0..self.layout.nranks {
-            for signal in SIGNALS {
-                futex_wake_all(&self.counter(rank, signal).value);
-            }
-        }
-        // Another rank may be writing its record right now: it takes a few
-        // stores, unless that rank died between them, which the bound covers.
-        let give_up = std::time::Instant::now() + Duration::from_millis(100);
-        while std::time::Instant::now() < give_up {
-            if let Some(standing) = self.failure() {
-                return standing;
-            }
-            std::hint::spin_loop();
-        }
-        failure
-    }
-
-    fn failure(&self) -> Option<Failure> {
-        let global = self.global();
-        if global.abort_state.load(Ordering::Acquire) != ABORT_SET {
-            return None;
-        }
-        let words = std::array::from_fn(|at| global.abort_words[at].load(Ordering::Relaxed));
-        Failure::from_words(words)
-    }
-}
-
-impl Drop for ShmTransport {
-    fn drop(&mut self) {
-        // SAFETY: `base` and `total` are exactly the mapping made in `attach`; no
-        // reference into it outlives the transport.
-        unsafe {
-            let _ = munmap(self.base.cast(), self.layout.total);
+    fn wake_all(transport: &ShmTransport) {
+        for rank in 0..transport.segment.layout().nranks {
+            wake_all_counters_of(transport, rank);
         }
     }
 }
