@@ -6,7 +6,8 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context;
 use pcieipc::{
     device::{Device, DEFAULT_PATH},
-    events::{parse_bdf, speed_gts},
+    events::speed_gts,
+    probe::bdf::Bdf,
 };
 
 #[derive(clap::Args)]
@@ -51,7 +52,7 @@ enum LinkCommand {
 }
 
 fn bdf(text: &str) -> anyhow::Result<u32> {
-    parse_bdf(text).map_err(anyhow::Error::msg)
+    Ok(text.parse::<Bdf>()?.to_abi())
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

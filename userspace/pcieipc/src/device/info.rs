@@ -4,6 +4,8 @@ use std::os::fd::AsRawFd;
 
 use pcieipc_uapi as uapi;
 
+use crate::probe::bdf::Bdf;
+
 use super::{Device, DeviceError};
 
 /// `pcieipc_device_state`.
@@ -72,17 +74,6 @@ pub struct BoundDevice {
     pub bars: Vec<BarInfo>,
 }
 
-/// "DDDD:BB:DD.F" of `domain << 16 | bus << 8 | devfn`.
-pub fn format_bdf(bdf: u32) -> String {
-    format!(
-        "{:04x}:{:02x}:{:02x}.{}",
-        bdf >> 16,
-        (bdf >> 8) & 0xff,
-        (bdf >> 3) & 0x1f,
-        bdf & 0x7
-    )
-}
-
 /// GT/s of a PCIe link speed code (LNKSTA.CLS).
 fn link_speed_gts(code: u16) -> Option<f64> {
     match code {
@@ -121,9 +112,9 @@ impl From<&uapi::pcieipc_device_info> for BoundDevice {
                 uapi::PCIEIPC_STATE_FROZEN => DeviceState::Frozen,
                 _ => DeviceState::Gone,
             },
-            bdf: format_bdf(raw.bdf),
+            bdf: Bdf::from_abi(raw.bdf).to_string(),
             upstream_bdf: (raw.upstream_bdf != uapi::PCIEIPC_BDF_NONE)
-                .then(|| format_bdf(raw.upstream_bdf)),
+                .then(|| Bdf::from_abi(raw.upstream_bdf).to_string()),
             vendor: raw.vendor,
             device: raw.device,
             class_code: raw.class_code,
@@ -179,8 +170,8 @@ mod tests {
 
     #[test]
     fn bdf_formats_like_sysfs() {
-        assert_eq!(format_bdf(0x0001_0312), "0001:03:02.2");
-        assert_eq!(format_bdf(0x0000_0008), "0000:00:01.0");
+        assert_eq!(Bdf::from_abi(0x0001_0312).to_string(), "0001:03:02.2");
+        assert_eq!(Bdf::from_abi(0x0000_0008).to_string(), "0000:00:01.0");
     }
 
     #[test]

@@ -21,7 +21,7 @@ mod mapped_window;
 
 pub use dma::{DmaBuffer, DmaEngine, DmaTicket, DmaWaitResult};
 pub use fault::Retrain;
-pub use info::{format_bdf, BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
+pub use info::{BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
 pub use interrupts::WaitResult;
 pub use mapped_window::MappedWindow;
 

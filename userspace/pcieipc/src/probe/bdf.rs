@@ -21,13 +21,17 @@ pub struct Bdf {
 impl FromStr for Bdf {
     type Err = ParseError;
 
-    /// Parses `0000:65:00.0` (the name of an entry in /sys/bus/pci/devices).
+    /// Parses `0000:65:00.0` (the name of an entry in /sys/bus/pci/devices),
+    /// or `65:00.0` as lspci prints it, in domain 0.
     fn from_str(text: &str) -> Result<Self, ParseError> {
         let malformed = || ParseError::Unexpected {
             expected: "a PCI address like 0000:65:00.0",
             found: text.to_string(),
         };
-        let (domain, rest) = text.split_once(':').ok_or_else(malformed)?;
+        let (domain, rest) = match text.matches(':').count() {
+            1 => ("0000", text),
+            _ => text.split_once(':').ok_or_else(malformed)?,
+        };
         let (bus, rest) = rest.split_once(':').ok_or_else(malformed)?;
         let (device, function) = rest.split_once('.').ok_or_else(malformed)?;
         if domain.len() < 4 || bus.len() != 2 || device.len() != 2 || function.len() != 1 {
@@ -46,6 +50,23 @@ impl FromStr for Bdf {
             device,
             function,
         })
+    }
+}
+
+impl Bdf {
+    /// `PCIEIPC_BDF(domain, bus, devfn)` of the module's ABI.
+    pub fn to_abi(self) -> u32 {
+        self.domain << 16 | u32::from(self.bus) << 8 | u32::from(self.device) << 3 | u32::from(self.function)
+    }
+
+    /// The inverse of `to_abi`.
+    pub fn from_abi(bdf: u32) -> Bdf {
+        Bdf {
+            domain: bdf >> 16,
+            bus: (bdf >> 8) as u8,
+            device: ((bdf >> 3) & 0x1f) as u8,
+            function: (bdf & 7) as u8,
+        }
     }
 }
 
@@ -68,6 +89,16 @@ impl Serialize for Bdf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abi_encoding_and_short_form() {
+        let bdf: Bdf = "3b:00.1".parse().unwrap();
+        assert_eq!(bdf.to_abi(), 0x3b01);
+        assert_eq!(Bdf::from_abi(0x0001_3b09).to_string(), "0001:3b:01.1");
+        assert_eq!("0000:00:10.0".parse::<Bdf>().unwrap().to_abi(), 0x80);
+        assert!("00:20.0".parse::<Bdf>().is_err());
+        assert!("garbage".parse::<Bdf>().is_err());
+    }
 
     #[test]
     fn parses_and_prints_sysfs_names() {

@@ -14,7 +14,8 @@ use nix::{
 };
 use pcieipc::{
     device::{Device, DEFAULT_PATH},
-    events::{parse_bdf, EventKind},
+    events::EventKind,
+    probe::bdf::Bdf,
 };
 use pcieipc_uapi::PCIEIPC_EVENT_RING_CAPACITY;
 
@@ -301,4 +302,9 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
         detected.result.as_deref().unwrap_or("?")
     );
     Ok(())
+}
+
+/// `PCIEIPC_BDF` of "0000:01:00.0" (or lspci's "01:00.0").
+fn parse_bdf(text: &str) -> Result<u32, String> {
+    text.parse::<Bdf>().map(Bdf::to_abi).map_err(|e| e.to_string())
 }
