@@ -65,6 +65,18 @@ pub(crate) fn state() -> Result<Arc<FaultState>> {
     FAULT_STATE.lock().clone().ok_or(ENODEV)
 }
 
+/// A bound device left (unbind, hot-unplug, module unload): a DEVICE_GONE
+/// event, whether or not the function was watched.
+pub(crate) fn device_removed(bdf: u32) {
+    if let Ok(state) = state() {
+        state.events.emit(uapi::pcieipc_event {
+            kind: uapi::PCIEIPC_EVENT_DEVICE_GONE,
+            bdf,
+            ..Default::default()
+        });
+    }
+}
+
 fn require_admin() -> Result {
     // SAFETY: `capable` checks the current task's credentials.
     if unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) } {

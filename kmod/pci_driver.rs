@@ -22,6 +22,7 @@ use kernel::{
 use crate::{
     bar_regions::BarRegions,
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, MappedBar, MAX_VECTORS},
+    fault,
     irq_vectors::IrqVectors,
     pci_info, registry, uapi,
 };
@@ -195,5 +196,6 @@ impl pci::Driver for PcieIpcDriver {
 
     fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
         this.device.mark_gone();
+        fault::device_removed(this.device.info.bdf);
     }
 }

@@ -460,7 +460,8 @@ enum pcieipc_event_kind {
 	PCIEIPC_EVENT_AER = 2,
 	/* Speed, width or Data Link Layer Link Active changed (watch). */
 	PCIEIPC_EVENT_LINK_CHANGE = 3,
-	/* Config reads return all ones (watch) or the function was removed. */
+	/* Config reads return all ones (watch), or a bound device was removed
+	 * (unbind, hot-unplug; link_before/link_after are then zero). */
 	PCIEIPC_EVENT_DEVICE_GONE = 4,
 	/* PCIEIPC_IOC_LINK_RETRAIN ran. */
 	PCIEIPC_EVENT_LINK_RETRAIN = 5,

@@ -50,6 +50,11 @@ check "hot-unplug of td0: DEVICE_GONE for 02:00.0, LINK_CHANGE (link down) on 00
             grep -q "\"link_after\":{[^}]*\"dll_link_active\":false" && exit 0
         sleep 0.1
     done; cat /tmp/unplug.json; exit 1'
+check "hot-unplug of bound ivs1 (06:00.0) while a process waits: ENODEV, and a DEVICE_GONE event" sh -c '
+    index=$(pcieipc device list | awk "\$2 == \"0000:06:00.0\" {print \$1}") && [ -n "$index" ] &&
+    { pcieipc device wait "$index" 0 --last-seen 1000000 2>/tmp/waiter & } && w=$! && sleep 0.5 &&
+    host unplug ivs1 && ! wait $w && grep -q ENODEV /tmp/waiter &&
+    pcieipc monitor --no-wait --json | grep -q "\"kind\":\"device_gone\",\"bdf\":\"0000:06:00.0\""'
 check "monitor --json output is JSON lines with decoded kinds" sh -c '
     pcieipc monitor --no-wait --json > /tmp/all.json; pcieipc-fault-check json-lines /tmp/all.json'
 check "monitor prints human lines" sh -c 'pcieipc monitor --no-wait | tail -3 | grep -q "#"'
