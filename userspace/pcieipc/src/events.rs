@@ -8,6 +8,8 @@ use std::fmt;
 use pcieipc_uapi as uapi;
 use serde::Serialize;
 
+use crate::probe::link::LinkSpeed;
+
 /// One AER status bit: position, the spec's name, the short name the
 /// kernel's AER driver prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,17 +171,10 @@ impl Link {
     }
 }
 
-/// GT/s of a generation, as lspci prints it.
-pub fn speed_gts(generation: u8) -> &'static str {
-    match generation {
-        1 => "2.5GT/s",
-        2 => "5GT/s",
-        3 => "8GT/s",
-        4 => "16GT/s",
-        5 => "32GT/s",
-        6 => "64GT/s",
-        _ => "unknown",
-    }
+/// GT/s of a speed generation (1 = 2.5 GT/s ... 6 = 64 GT/s), as lspci prints it.
+pub fn speed_gts(generation: u8) -> String {
+    LinkSpeed::from_encoding(generation)
+        .map_or_else(|| "unknown".into(), |speed| format!("{}GT/s", speed.gigatransfers_per_second()))
 }
 
 impl fmt::Display for Link {
@@ -435,6 +430,13 @@ mod tests {
         assert_eq!(first_error_pointer(&regs), Some(14));
         let stale = uapi::pcieipc_aer_regs { uncor_status: 1 << 4, cap_control: 14, present: 1, ..Default::default() };
         assert_eq!(first_error_pointer(&stale), None);
+    }
+
+    #[test]
+    fn speeds_print_as_lspci_does() {
+        assert_eq!(speed_gts(1), "2.5GT/s");
+        assert_eq!(speed_gts(4), "16GT/s");
+        assert_eq!(speed_gts(0), "unknown");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::os::fd::AsRawFd;
 
 use pcieipc_uapi as uapi;
 
-use crate::probe::bdf::Bdf;
+use crate::probe::{bdf::Bdf, link::LinkSpeed};
 
 use super::{Device, DeviceError};
 
@@ -74,19 +74,6 @@ pub struct BoundDevice {
     pub bars: Vec<BarInfo>,
 }
 
-/// GT/s of a PCIe link speed code (LNKSTA.CLS).
-fn link_speed_gts(code: u16) -> Option<f64> {
-    match code {
-        1 => Some(2.5),
-        2 => Some(5.0),
-        3 => Some(8.0),
-        4 => Some(16.0),
-        5 => Some(32.0),
-        6 => Some(64.0),
-        _ => None,
-    }
-}
-
 impl From<&uapi::pcieipc_device_info> for BoundDevice {
     fn from(raw: &uapi::pcieipc_device_info) -> Self {
         let bars = raw
@@ -130,7 +117,10 @@ impl From<&uapi::pcieipc_device_info> for BoundDevice {
                 _ => IrqType::None,
             },
             num_vectors: raw.num_vectors,
-            link_speed_gts: link_speed_gts(raw.link_speed),
+            link_speed_gts: u8::try_from(raw.link_speed)
+                .ok()
+                .and_then(LinkSpeed::from_encoding)
+                .map(LinkSpeed::gigatransfers_per_second),
             link_width: (raw.link_width != 0).then_some(raw.link_width),
             peer_id: (raw.peer_id != uapi::PCIEIPC_NO_PEER_ID).then_some(raw.peer_id),
             bars,
