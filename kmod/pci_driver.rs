@@ -24,6 +24,8 @@ use crate::{
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, MappedBar, MAX_VECTORS},
     fault,
     irq_vectors::IrqVectors,
+    link,
+    pci_function::PciFunction,
     pci_info, registry, uapi,
 };
 
@@ -129,11 +131,13 @@ impl pci::Driver for PcieIpcDriver {
             }
             _ => uapi::PCIEIPC_NO_PEER_ID,
         };
-        let (upstream_bdf, link_speed, link_width) = pci_info::upstream_link(bound);
+        // The link above the device, read as PCIEIPC_IOC_LINK_STATUS reads it.
+        let bdf = pci_info::bdf(bound);
+        let link = link::status(&PciFunction::find(bdf)?);
         let register_bar = regs.as_ref().map(|_| 0);
         let device_info = DeviceInfo {
-            bdf: pci_info::bdf(bound),
-            upstream_bdf,
+            bdf,
+            upstream_bdf: link.upstream_bdf,
             vendor,
             device: pdev.device_id(),
             class_code: pdev.pci_class().as_raw(),
@@ -142,8 +146,8 @@ impl pci::Driver for PcieIpcDriver {
                 .as_ref()
                 .map_or(uapi::PCIEIPC_IRQ_NONE, |irqs| irqs.irq_type()),
             num_vectors: irqs.as_ref().map_or(0, |irqs| irqs.len()),
-            link_speed,
-            link_width,
+            link_speed: link.cur_speed.into(),
+            link_width: link.cur_width.into(),
             peer_id,
             bars: pci_info::bars(bound, register_bar),
         };

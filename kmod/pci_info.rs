@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! What LIST reports about a device that 7.3's `pci::Device` does not expose:
-//! BDF, BAR flags, the upstream bridge and its link status. Read once at
-//! probe through the raw `struct pci_dev`, in this one place.
+//! BDF and BAR flags. Read once at probe through the raw `struct pci_dev`, in
+//! this one place.
 
 use kernel::{bindings, device::Bound, io::Io, pci};
 
@@ -41,28 +41,6 @@ pub(crate) fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
 
 pub(crate) fn bdf(pdev: &pci::Device<Bound>) -> u32 {
     bdf_of(raw(pdev))
-}
-
-/// The BDF of the bridge above `pdev`, and the link status it reports:
-/// (upstream BDF, speed code, width).
-pub(crate) fn upstream_link(pdev: &pci::Device<Bound>) -> (u32, u16, u16) {
-    // SAFETY: `bus` is set for every device; `self_` is its bridge or null.
-    let bridge = unsafe { (*(*raw(pdev)).bus).self_ };
-    if bridge.is_null() {
-        return (uapi::PCIEIPC_BDF_NONE, 0, 0);
-    }
-    let mut lnksta: u16 = 0;
-    // SAFETY: `bridge` is a live `pci_dev` (a parent outlives its children);
-    // the function checks that it has a PCIe capability and fails otherwise.
-    let ret = unsafe {
-        bindings::pcie_capability_read_word(bridge, bindings::PCI_EXP_LNKSTA as i32, &mut lnksta)
-    };
-    if ret != 0 {
-        return (bdf_of(bridge), 0, 0);
-    }
-    let speed = lnksta & bindings::PCI_EXP_LNKSTA_CLS as u16;
-    let width = (lnksta & bindings::PCI_EXP_LNKSTA_NLW as u16) >> 4;
-    (bdf_of(bridge), speed, width)
 }
 
 /// The BARs that hold the MSI-X table and pending-bit array: never mapped
