@@ -15,30 +15,33 @@ use kernel::{bindings, error::to_result, prelude::*};
 
 use crate::uapi;
 
-/// Offsets in the PCI Express capability and the AER extended capability
-/// (include/uapi/linux/pci_regs.h).
+/// The registers of the PCI Express and AER capabilities this file and its
+/// users touch, from include/uapi/linux/pci_regs.h through the bindings, typed
+/// as the config accessors take them.
 pub(crate) mod regs {
-    pub(crate) const PCI_EXP_FLAGS: i32 = 0x02;
-    pub(crate) const PCI_EXP_FLAGS_TYPE: u16 = 0x00f0;
-    pub(crate) const PCI_EXP_TYPE_ROOT_PORT: u16 = 0x4;
-    pub(crate) const PCI_EXP_TYPE_DOWNSTREAM: u16 = 0x6;
-    pub(crate) const PCI_EXP_TYPE_PCIE_BRIDGE: u16 = 0x8;
-    pub(crate) const PCI_EXP_LNKCAP: i32 = 0x0c;
-    pub(crate) const PCI_EXP_LNKCTL: i32 = 0x10;
-    pub(crate) const PCI_EXP_LNKCTL_RL: u16 = 0x0020;
-    pub(crate) const PCI_EXP_LNKSTA: i32 = 0x12;
-    pub(crate) const PCI_EXP_LNKSTA_LT: u16 = 0x0800;
-    pub(crate) const PCI_EXP_LNKSTA_DLLLA: u16 = 0x2000;
-    pub(crate) const PCI_EXP_LNKCTL2: i32 = 0x30;
-    pub(crate) const PCI_EXP_LNKCTL2_TLS: u16 = 0x000f;
-    pub(crate) const PCI_EXT_CAP_ID_ERR: i32 = 0x01;
-    pub(crate) const PCI_ERR_UNCOR_STATUS: i32 = 0x04;
-    pub(crate) const PCI_ERR_UNCOR_MASK: i32 = 0x08;
-    pub(crate) const PCI_ERR_UNCOR_SEVER: i32 = 0x0c;
-    pub(crate) const PCI_ERR_COR_STATUS: i32 = 0x10;
-    pub(crate) const PCI_ERR_COR_MASK: i32 = 0x14;
-    pub(crate) const PCI_ERR_CAP: i32 = 0x18;
-    pub(crate) const PCI_ERR_HEADER_LOG: i32 = 0x1c;
+    use kernel::bindings;
+
+    pub(crate) const PCI_EXP_FLAGS: i32 = bindings::PCI_EXP_FLAGS as i32;
+    pub(crate) const PCI_EXP_FLAGS_TYPE: u16 = bindings::PCI_EXP_FLAGS_TYPE as u16;
+    pub(crate) const PCI_EXP_TYPE_ROOT_PORT: u16 = bindings::PCI_EXP_TYPE_ROOT_PORT as u16;
+    pub(crate) const PCI_EXP_TYPE_DOWNSTREAM: u16 = bindings::PCI_EXP_TYPE_DOWNSTREAM as u16;
+    pub(crate) const PCI_EXP_TYPE_PCIE_BRIDGE: u16 = bindings::PCI_EXP_TYPE_PCIE_BRIDGE as u16;
+    pub(crate) const PCI_EXP_LNKCAP: i32 = bindings::PCI_EXP_LNKCAP as i32;
+    pub(crate) const PCI_EXP_LNKCTL: i32 = bindings::PCI_EXP_LNKCTL as i32;
+    pub(crate) const PCI_EXP_LNKCTL_RL: u16 = bindings::PCI_EXP_LNKCTL_RL as u16;
+    pub(crate) const PCI_EXP_LNKSTA: i32 = bindings::PCI_EXP_LNKSTA as i32;
+    pub(crate) const PCI_EXP_LNKSTA_LT: u16 = bindings::PCI_EXP_LNKSTA_LT as u16;
+    pub(crate) const PCI_EXP_LNKSTA_DLLLA: u16 = bindings::PCI_EXP_LNKSTA_DLLLA as u16;
+    pub(crate) const PCI_EXP_LNKCTL2: i32 = bindings::PCI_EXP_LNKCTL2 as i32;
+    pub(crate) const PCI_EXP_LNKCTL2_TLS: u16 = bindings::PCI_EXP_LNKCTL2_TLS as u16;
+    pub(crate) const PCI_EXT_CAP_ID_ERR: i32 = bindings::PCI_EXT_CAP_ID_ERR as i32;
+    pub(crate) const PCI_ERR_UNCOR_STATUS: i32 = bindings::PCI_ERR_UNCOR_STATUS as i32;
+    pub(crate) const PCI_ERR_UNCOR_MASK: i32 = bindings::PCI_ERR_UNCOR_MASK as i32;
+    pub(crate) const PCI_ERR_UNCOR_SEVER: i32 = bindings::PCI_ERR_UNCOR_SEVER as i32;
+    pub(crate) const PCI_ERR_COR_STATUS: i32 = bindings::PCI_ERR_COR_STATUS as i32;
+    pub(crate) const PCI_ERR_COR_MASK: i32 = bindings::PCI_ERR_COR_MASK as i32;
+    pub(crate) const PCI_ERR_CAP: i32 = bindings::PCI_ERR_CAP as i32;
+    pub(crate) const PCI_ERR_HEADER_LOG: i32 = bindings::PCI_ERR_HEADER_LOG as i32;
 }
 
 /// A referenced `struct pci_dev`.
