@@ -1,5 +1,5 @@
 # Thin wrappers over scripts/; see README.md.
-.PHONY: all build run test testbed uapi kmod clean-kmod
+.PHONY: all build run test test-gpu testbed uapi kmod clean-kmod
 
 all: build
 
@@ -31,3 +31,9 @@ kmod:
 
 clean-kmod:
 	. build/env.sh && $(MAKE) -C "$$PCIEIPC_KERNEL_BUILD" M=$(CURDIR) LLVM= clean
+
+# The GPU tests (need a GPU; never part of `make test`). On a GPU machine
+# without cargo: `scripts/test-gpu.sh build DIR` here, copy DIR, then
+# `scripts/test-gpu.sh run DIR` there.
+test-gpu:
+	bash scripts/test-gpu.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: builds everything, probes this machine (PCIe topology, link
 # health, P2P doctor, ring plan), runs the AllReduce benchmark with its
-# correctness check on the default transport, and boots the testbed to show
+# correctness check on the default transport (and on the CUDA transport where
+# there are GPUs), and boots the testbed to show
 # the module at work (devices bound, link status, events).
 source "$(dirname "$0")/common.sh"
 cd "$REPO_ROOT"
@@ -25,6 +26,17 @@ if [ -c /dev/pcieipc ]; then
         log "pcieipc bench over the module's $ivshmem ivshmem devices"
         pcieipc bench --transport pcieipc --nranks 2 -b 8 -e 1M -f 8 -n 20 -w 5 -c 1 --chunk-bytes 16K
     fi
+fi
+
+if command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') && [ "$gpus" -ge 1 ]; then
+    # One rank per GPU (rank r on GPU r mod the count); on a one-GPU
+    # machine two ranks share it.
+    nranks=$(( gpus >= 2 ? gpus : 2 ))
+    log "pcieipc bench over this machine's $gpus GPU(s): CUDA transport, $nranks ranks, 8 B to 256 MiB, results checked"
+    for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+        [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    pcieipc bench --transport cuda --nranks "$nranks" -b 8 -e 256M -f 8 -n 20 -w 5 -c 1
 fi
 
 log "testbed demo: tests/topologies/fabric.toml"

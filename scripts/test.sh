@@ -39,7 +39,7 @@ engine-pcieipc.toml engine-pcieipc.sh
 LIST
 
 echo
-echo "GPU tests: NOT RUN (this machine has no GPU, and no GPU test exists yet: the CUDA transport is still to come)."
+echo "GPU tests: NOT RUN (they need a GPU and are not part of this command: run 'make test-gpu' on a GPU machine, see README)."
 echo "elapsed: $(( $(date +%s) - start )) s"
 for f in "${failures[@]}"; do echo "failed: $f"; done
 echo "steps: $passed passed, $failed failed"

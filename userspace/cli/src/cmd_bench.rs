@@ -7,11 +7,31 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerToPeer};
 use pcieipc::engine::{
     bf16, f16, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element, ReduceOp,
-    TransportKind,
+    TransportKind, UnknownTransport,
 };
 use serde_json::json;
+
+use crate::bench_collective::Collective;
+
+/// A host transport of the engine, or the CUDA communicator.
+#[derive(Clone, Copy, Debug)]
+enum BenchTransport {
+    Host(TransportKind),
+    Cuda,
+}
+
+impl std::str::FromStr for BenchTransport {
+    type Err = UnknownTransport;
+    fn from_str(name: &str) -> Result<BenchTransport, UnknownTransport> {
+        match name {
+            "cuda" => Ok(BenchTransport::Cuda),
+            _ => name.parse().map(BenchTransport::Host),
+        }
+    }
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,10 +72,20 @@ pub struct Args {
     /// Ranks to start on this host.
     #[arg(long, default_value_t = 2)]
     nranks: usize,
-    /// Transport between the ranks: shm (host memory) or pcieipc (the shared
-    /// BAR2 of ivshmem-doorbell devices of /dev/pcieipc, rank r on the r-th).
+    /// Transport between the ranks: shm (host memory), pcieipc (the shared
+    /// BAR2 of ivshmem-doorbell devices of /dev/pcieipc, rank r on the r-th)
+    /// or cuda (GPU buffers, CUDA IPC and peer-to-peer kernels).
     #[arg(long, default_value = "shm")]
-    transport: TransportKind,
+    transport: BenchTransport,
+    /// With --transport cuda: the GPU of each rank, comma-separated (rank r
+    /// takes the r-th; several ranks may share one). Default: rank r on GPU
+    /// r mod the number of GPUs.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    gpus: Vec<usize>,
+    /// With --transport cuda: `off` stages every all_reduce through host
+    /// memory instead of peer-to-peer.
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
+    p2p: String,
     /// all_reduce algorithm: auto (by size and rank count), ring, one-shot.
     #[arg(long, default_value = "auto")]
     algorithm: AlgorithmChoice,
@@ -71,6 +101,10 @@ pub struct Args {
     /// Microseconds a waiting rank spins before it sleeps on the futex.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
+    /// With --transport cuda: microseconds a rank polls its GPU's completion
+    /// event before it sleeps on it.
+    #[arg(long, value_name = "US")]
+    gpu_poll_us: Option<u64>,
     /// Instead of the sweep: rank 0 waits in one 8-byte all_reduce for peers
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
@@ -129,6 +163,13 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     if args.nranks == 0 {
         bail!("--nranks must be at least 1");
     }
+    if let BenchTransport::Cuda = args.transport {
+        // One clear error here rather than one per rank.
+        let count = Gpu::count().context("--transport cuda")?;
+        if count == 0 {
+            bail!("--transport cuda: this machine has no GPU");
+        }
+    }
     let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
     let rendezvous = format!("bench-{}", std::process::id());
     let passed: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -163,7 +204,10 @@ fn options(args: &Args, rank: usize) -> CommOptions {
         // Like mpirun, bind only while every rank gets a core of its own: a
         // bound rank polls without yielding, which ranks sharing a core must not.
         bind_cpu: (args.bind_to == "core" && args.nranks <= cpus).then_some(rank),
-        transport: args.transport,
+        transport: match args.transport {
+            BenchTransport::Host(kind) => kind,
+            BenchTransport::Cuda => TransportKind::Shm,
+        },
         algorithm: args.algorithm,
         chunk_policy: args
             .chunk_bytes
@@ -176,22 +220,78 @@ fn options(args: &Args, rank: usize) -> CommOptions {
 }
 
 fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCode> {
-    let mut comm = Communicator::init(rendezvous, rank, args.nranks, options(args, rank))
-        .with_context(|| format!("rank {rank} joining {rendezvous:?}"))?;
+    let joining = || format!("rank {rank} joining {rendezvous:?}");
+    match args.transport {
+        BenchTransport::Host(_) => {
+            let comm = Communicator::init(rendezvous, rank, args.nranks, options(args, rank))
+                .with_context(joining)?;
+            let init = comm.init_time();
+            run_collective(comm, args, init)
+        }
+        BenchTransport::Cuda => {
+            let ordinal = match args.gpus.get(rank) {
+                Some(ordinal) => *ordinal,
+                None if args.gpus.is_empty() => {
+                    rank % Gpu::count().context("counting GPUs")?.max(1)
+                }
+                None => bail!(
+                    "--gpus names {} GPUs for {} ranks",
+                    args.gpus.len(),
+                    args.nranks
+                ),
+            };
+            let gpu =
+                Gpu::open(ordinal).with_context(|| format!("rank {rank} opening GPU {ordinal}"))?;
+            let defaults = CudaOptions::default();
+            let comm = CudaCommunicator::init(
+                rendezvous,
+                rank,
+                args.nranks,
+                gpu,
+                CudaOptions {
+                    control: options(args, rank),
+                    chunk_bytes: args.chunk_bytes.unwrap_or(defaults.chunk_bytes),
+                    one_shot_read_budget: args
+                        .one_shot_bytes
+                        .unwrap_or(defaults.one_shot_read_budget),
+                    algorithm: args.algorithm,
+                    peer_to_peer: if args.p2p == "off" {
+                        PeerToPeer::Off
+                    } else {
+                        PeerToPeer::Auto
+                    },
+                    gpu_poll: args
+                        .gpu_poll_us
+                        .map_or(defaults.gpu_poll, Duration::from_micros),
+                },
+            )
+            .with_context(joining)?;
+            let init = comm.init_time();
+            run_collective(comm, args, init)
+        }
+    }
+}
+
+fn run_collective<C: Collective>(
+    mut comm: C,
+    args: &Args,
+    init: Duration,
+) -> anyhow::Result<ExitCode> {
     // The slowest rank's init time is the job's.
-    let mut init_ms = [comm.init_time().as_secs_f64() * 1e3];
-    comm.all_reduce_in_place(&mut init_ms, ReduceOp::Max)?;
+    let mut init_ms = [init.as_secs_f64() * 1e3];
+    comm.host()
+        .all_reduce_in_place(&mut init_ms, ReduceOp::Max)?;
     if let Some(late_ms) = args.late_peer_ms {
         return late_peer(&mut comm, Duration::from_millis(late_ms), args.spin_us);
     }
     match args.datatype {
-        DType::F32 => sweep::<f32>(&mut comm, args, init_ms[0]),
-        DType::F64 => sweep::<f64>(&mut comm, args, init_ms[0]),
-        DType::F16 => sweep::<f16>(&mut comm, args, init_ms[0]),
-        DType::Bf16 => sweep::<bf16>(&mut comm, args, init_ms[0]),
-        DType::I32 => sweep::<i32>(&mut comm, args, init_ms[0]),
-        DType::I64 => sweep::<i64>(&mut comm, args, init_ms[0]),
-        DType::U8 => sweep::<u8>(&mut comm, args, init_ms[0]),
+        DType::F32 => sweep::<C, f32>(&mut comm, args, init_ms[0]),
+        DType::F64 => sweep::<C, f64>(&mut comm, args, init_ms[0]),
+        DType::F16 => sweep::<C, f16>(&mut comm, args, init_ms[0]),
+        DType::Bf16 => sweep::<C, bf16>(&mut comm, args, init_ms[0]),
+        DType::I32 => sweep::<C, i32>(&mut comm, args, init_ms[0]),
+        DType::I64 => sweep::<C, i64>(&mut comm, args, init_ms[0]),
+        DType::U8 => sweep::<C, u8>(&mut comm, args, init_ms[0]),
     }
 }
 
@@ -210,19 +310,24 @@ fn thread_cpu_time() -> anyhow::Result<Duration> {
 
 /// Rank 0 enters an 8-byte all_reduce `late` before the others and reports the
 /// CPU time it burns waiting for them.
-fn late_peer(
-    comm: &mut Communicator,
+fn late_peer<C: Collective>(
+    comm: &mut C,
     late: Duration,
     spin_us: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    let mut value = [1.0f64];
+    // One call first, so the measured one has nothing left to set up
+    // (the CUDA transport compiles its kernels on first use).
+    let mut warm_up = comm.upload(&[1.0f64])?;
+    comm.all_reduce_in_place(&mut warm_up, ReduceOp::Sum)?;
+    let mut buffer = comm.upload(&[1.0f64])?;
     if comm.rank() != 0 {
         std::thread::sleep(late);
     }
     let cpu_before = thread_cpu_time()?;
     let started = Instant::now();
-    comm.all_reduce_in_place(&mut value, ReduceOp::Sum)?;
+    comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum)?;
     let (wall, cpu) = (started.elapsed(), thread_cpu_time()? - cpu_before);
+    let value = comm.download(&buffer)?;
     if comm.rank() == 0 {
         let spin = spin_us.map_or(CommOptions::default().spin, Duration::from_micros);
         println!(
@@ -245,7 +350,7 @@ fn late_peer(
 
 /// Element types the checker can fill with small integers, exactly
 /// representable in every type, so every rank's result must match exactly.
-trait BenchElement: Element {
+trait BenchElement: Element + Default {
     fn from_small(value: u8) -> Self;
 }
 
@@ -315,17 +420,18 @@ impl Measurement {
     }
 }
 
-fn measure<T: BenchElement>(
-    comm: &mut Communicator,
+fn measure<C: Collective, T: BenchElement>(
+    comm: &mut C,
     args: &Args,
     count: usize,
     in_place: bool,
     expected: Option<&[T]>,
 ) -> anyhow::Result<Measurement> {
     let (rank, nranks, op) = (comm.rank(), comm.nranks(), args.op);
-    let input: Vec<T> = (0..count).map(|index| pattern(rank, index, op)).collect();
-    let mut output = input.clone();
-    let call = |comm: &mut Communicator, output: &mut Vec<T>| {
+    let host_input: Vec<T> = (0..count).map(|index| pattern(rank, index, op)).collect();
+    let input = comm.upload(&host_input)?;
+    let mut output = comm.upload(&host_input)?;
+    let call = |comm: &mut C, output: &mut C::Buffer<T>| {
         if in_place {
             comm.all_reduce_in_place(output, op)
         } else {
@@ -335,12 +441,13 @@ fn measure<T: BenchElement>(
     let mut wrong = [0i64];
     if let Some(expected) = expected {
         call(comm, &mut output)?;
-        wrong[0] = output
+        wrong[0] = comm
+            .download(&output)?
             .iter()
             .zip(expected)
             .filter(|(got, want)| got != want)
             .count() as i64;
-        comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
+        comm.host().all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
     }
     for _ in 0..args.warmup_iters {
         call(comm, &mut output)?;
@@ -351,7 +458,8 @@ fn measure<T: BenchElement>(
     }
     // nccl-tests reports the time averaged over ranks.
     let mut seconds = [started.elapsed().as_secs_f64() / args.iters.max(1) as f64];
-    comm.all_reduce_in_place(&mut seconds, ReduceOp::Avg)?;
+    comm.host()
+        .all_reduce_in_place(&mut seconds, ReduceOp::Avg)?;
     let bytes = (count * std::mem::size_of::<T>()) as f64;
     let algbw = bytes / seconds[0] / 1e9;
     Ok(Measurement {
@@ -376,8 +484,8 @@ fn sizes(args: &Args, element_bytes: usize) -> Vec<usize> {
     sizes
 }
 
-fn sweep<T: BenchElement>(
-    comm: &mut Communicator,
+fn sweep<C: Collective, T: BenchElement>(
+    comm: &mut C,
     args: &Args,
     init_ms: f64,
 ) -> anyhow::Result<ExitCode> {
@@ -389,8 +497,8 @@ fn sweep<T: BenchElement>(
     let op = args.op.name();
     if leader && !args.json {
         println!(
-            "# pcieipc bench: all_reduce, {nranks} ranks, transport {}, algorithm {}, chunk {} B, init {init_ms:.2} ms (slowest rank)",
-            comm.transport_kind().name(),
+            "# pcieipc bench: all_reduce, {nranks} ranks, {}, algorithm {}, chunk {} B, init {init_ms:.2} ms (slowest rank)",
+            comm.describe(),
             match args.algorithm {
                 AlgorithmChoice::Auto => "auto".to_owned(),
                 AlgorithmChoice::Fixed(algorithm) => algorithm.name().to_owned(),
@@ -418,8 +526,8 @@ fn sweep<T: BenchElement>(
         let count = bytes / element_bytes;
         progress.set_message(format!("{bytes} B"));
         let reference = (args.check == 1).then(|| expected::<T>(nranks, count, args.op));
-        let out_of_place = measure::<T>(comm, args, count, false, reference.as_deref())?;
-        let in_place = measure::<T>(comm, args, count, true, reference.as_deref())?;
+        let out_of_place = measure::<C, T>(comm, args, count, false, reference.as_deref())?;
+        let in_place = measure::<C, T>(comm, args, count, true, reference.as_deref())?;
         total_wrong += out_of_place.wrong + in_place.wrong;
         busbw_sum += out_of_place.busbw_gb_s + in_place.busbw_gb_s;
         if leader && !args.json {
@@ -455,7 +563,7 @@ fn sweep<T: BenchElement>(
                 "schema_version": 1,
                 "collective": "all_reduce",
                 "nranks": nranks,
-                "transport": comm.transport_kind().name(),
+                "transport": comm.transport_name(),
                 "datatype": dtype,
                 "op": op,
                 "iters": args.iters,

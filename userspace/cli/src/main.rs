@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench_collective;
 mod cmd_bench;
 mod cmd_device;
 mod cmd_link;
@@ -12,7 +13,11 @@ mod cmd_monitor;
 mod cmd_probe;
 
 #[derive(Parser)]
-#[command(name = "pcieipc", version, about = "PCIe peer-to-peer AllReduce, topology and link health")]
+#[command(
+    name = "pcieipc",
+    version,
+    about = "PCIe peer-to-peer AllReduce, topology and link health"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -145,13 +145,13 @@ pub struct Communicator {
 
 /// Element range `s` of `count` split into `parts` near-equal parts (the first
 /// `count % parts` one longer).
-fn part(count: usize, parts: usize, s: usize) -> Range<usize> {
+pub(super) fn part(count: usize, parts: usize, s: usize) -> Range<usize> {
     let (base, extra) = (count / parts, count % parts);
     let start = s * base + s.min(extra);
     start..start + base + usize::from(s < extra)
 }
 
-fn clip(range: &Range<usize>, chunk: usize, chunk_elements: usize) -> Range<usize> {
+pub(super) fn clip(range: &Range<usize>, chunk: usize, chunk_elements: usize) -> Range<usize> {
     let start = (range.start + chunk * chunk_elements).min(range.end);
     start..(start + chunk_elements).min(range.end)
 }

@@ -93,6 +93,30 @@ pub enum EngineError {
         source: io::Error,
     },
 
+    // `error` is printed, not chained: it names the GPU and the failing step.
+    #[error("rank {rank}: CUDA transport: {error}")]
+    Cuda {
+        rank: usize,
+        error: super::cuda::CudaError,
+    },
+
+    #[error("rank {rank}'s GPU work failed (its own error says why)")]
+    PeerGpuFailed { rank: usize },
+
+    #[error("rank {rank}: the buffer is on GPU {buffer_gpu}, the communicator on GPU {gpu}")]
+    WrongGpu {
+        rank: usize,
+        buffer_gpu: usize,
+        gpu: usize,
+    },
+
+    #[error("rank {rank} and rank {peer} registered different buffers: {detail}")]
+    MismatchedRegistration {
+        rank: usize,
+        peer: usize,
+        detail: String,
+    },
+
     #[error("broadcast root {root} is out of range for {nranks} ranks")]
     RootOutOfRange { root: usize, nranks: usize },
 }

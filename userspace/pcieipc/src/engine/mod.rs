@@ -8,6 +8,7 @@ mod algorithm;
 mod call;
 mod chunk;
 mod communicator;
+pub mod cuda;
 mod dtype;
 mod error;
 mod failure;

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU tests: the CUDA transport on a real GPU (tests/cuda.rs: every dtype ×
+# op against the CPU reference with 2 and 4 ranks, a killed rank, mismatched
+# calls, the host-staged path, registered buffers, 1,000 communicators without
+# leaking device memory) and `pcieipc bench --transport cuda` with 2 and 4
+# ranks, results checked. Several ranks share GPU 0.
+#
+#   scripts/test-gpu.sh              build here, then run here (needs cargo and a GPU)
+#   scripts/test-gpu.sh build DIR    build only, into DIR (a machine without a GPU)
+#   scripts/test-gpu.sh run DIR      run what `build` left in DIR (a GPU machine
+#                                    without cargo: copy DIR there first)
+source "$(dirname "$0")/common.sh"
+cd "$REPO_ROOT"
+
+build() {
+    local dir="$1"
+    mkdir -p "$dir"
+    local test_binary
+    test_binary="$(cargo test --release -p pcieipc --features gpu-tests --test cuda --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
+    [ -n "$test_binary" ] || die "building the GPU tests failed (run: cargo test -p pcieipc --features gpu-tests --test cuda --no-run)"
+    cargo build --release -q -p pcieipc-cli
+    cp "$test_binary" "$dir/cuda-tests"
+    cp target/release/pcieipc "$dir/pcieipc"
+    log "GPU tests built into $dir"
+}
+
+run() {
+    local dir="$1" failed=0
+    [ -x "$dir/cuda-tests" ] && [ -x "$dir/pcieipc" ] || die "$dir lacks cuda-tests or pcieipc: run scripts/test-gpu.sh build $dir first"
+    command -v nvidia-smi >/dev/null && nvidia-smi -L || die "no GPU here (nvidia-smi not found): the GPU tests need one"
+    # libnvrtc is often outside the loader path in CUDA installs.
+    for cuda_lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+        [ -d "$cuda_lib" ] && export LD_LIBRARY_PATH="$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    log "cargo tests of the CUDA transport (one test at a time: their ranks share the GPU)"
+    "$dir/cuda-tests" --test-threads=1 --nocapture || failed=1
+    for nranks in 2 4; do
+        log "pcieipc bench --transport cuda, $nranks ranks on GPU 0, results checked"
+        gpus="$(printf '0,%.0s' $(seq "$nranks"))"
+        "$dir/pcieipc" bench --transport cuda --nranks "$nranks" --gpus "${gpus%,}" \
+            -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
+    done
+    if [ "$failed" = 0 ]; then echo "GPU tests: PASSED"; else echo "GPU tests: FAILED"; fi
+    [ "$failed" = 0 ]
+}
+
+case "${1:-}" in
+    build) build "${2:?usage: scripts/test-gpu.sh build DIR}" ;;
+    run) run "${2:?usage: scripts/test-gpu.sh run DIR}" ;;
+    "") dir="$REPO_ROOT/build/gpu"; build "$dir"; run "$dir" ;;
+    *) die "usage: scripts/test-gpu.sh [build DIR | run DIR]" ;;
+esac

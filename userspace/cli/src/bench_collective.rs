@@ -1,0 +1,165 @@
+//! What `pcieipc bench` measures, over either kind of communicator: the host
+//! one (shm or pcieipc transport, buffers in host memory) or the CUDA one
+//! (buffers in GPU memory). Timing, checking and the table are shared.
+
+use anyhow::Context;
+use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer};
+use pcieipc::engine::{Algorithm, Communicator, Element, ReduceOp};
+
+pub trait Collective {
+    /// A buffer of `T` where this communicator reduces.
+    type Buffer<T: Element + Default>;
+
+    fn rank(&self) -> usize;
+    fn nranks(&self) -> usize;
+    /// The host communicator, for the benchmark's own small exchanges
+    /// (error counts, times) that must not be timed on the device path.
+    fn host(&mut self) -> &mut Communicator;
+    /// The transport and its parameters, for the table's header.
+    fn describe(&self) -> String;
+    fn transport_name(&self) -> &'static str;
+    fn chunk_bytes(&self) -> usize;
+    fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm;
+
+    fn upload<T: Element + Default>(&mut self, host: &[T]) -> anyhow::Result<Self::Buffer<T>>;
+    fn download<T: Element + Default>(
+        &mut self,
+        buffer: &Self::Buffer<T>,
+    ) -> anyhow::Result<Vec<T>>;
+    fn all_reduce<T: Element + Default>(
+        &mut self,
+        input: &Self::Buffer<T>,
+        output: &mut Self::Buffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()>;
+    fn all_reduce_in_place<T: Element + Default>(
+        &mut self,
+        buffer: &mut Self::Buffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()>;
+}
+
+impl Collective for Communicator {
+    type Buffer<T: Element + Default> = Vec<T>;
+
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+
+    fn nranks(&self) -> usize {
+        Communicator::nranks(self)
+    }
+
+    fn host(&mut self) -> &mut Communicator {
+        self
+    }
+
+    fn describe(&self) -> String {
+        format!("transport {}", self.transport_kind().name())
+    }
+
+    fn transport_name(&self) -> &'static str {
+        self.transport_kind().name()
+    }
+
+    fn chunk_bytes(&self) -> usize {
+        Communicator::chunk_bytes(self)
+    }
+
+    fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
+        Communicator::algorithm_for::<T>(self, count)
+    }
+
+    fn upload<T: Element + Default>(&mut self, host: &[T]) -> anyhow::Result<Vec<T>> {
+        Ok(host.to_vec())
+    }
+
+    fn download<T: Element + Default>(&mut self, buffer: &Vec<T>) -> anyhow::Result<Vec<T>> {
+        Ok(buffer.clone())
+    }
+
+    fn all_reduce<T: Element + Default>(
+        &mut self,
+        input: &Vec<T>,
+        output: &mut Vec<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        Ok(Communicator::all_reduce(self, input, output, op)?)
+    }
+
+    fn all_reduce_in_place<T: Element + Default>(
+        &mut self,
+        buffer: &mut Vec<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        Ok(Communicator::all_reduce_in_place(self, buffer, op)?)
+    }
+}
+
+impl Collective for CudaCommunicator {
+    type Buffer<T: Element + Default> = DeviceBuffer<T>;
+
+    fn rank(&self) -> usize {
+        CudaCommunicator::rank(self)
+    }
+
+    fn nranks(&self) -> usize {
+        CudaCommunicator::nranks(self)
+    }
+
+    fn host(&mut self) -> &mut Communicator {
+        self.control()
+    }
+
+    fn describe(&self) -> String {
+        let path = match self.data_path() {
+            DataPath::PeerToPeer => "peer-to-peer".to_owned(),
+            DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
+        };
+        format!(
+            "transport cuda, GPU {}, {path}, context {:.1} ms (not in init)",
+            self.gpu().ordinal(),
+            self.gpu().context_time().as_secs_f64() * 1e3
+        )
+    }
+
+    fn transport_name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn chunk_bytes(&self) -> usize {
+        CudaCommunicator::chunk_bytes(self)
+    }
+
+    fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
+        CudaCommunicator::algorithm_for::<T>(self, count)
+    }
+
+    fn upload<T: Element + Default>(&mut self, host: &[T]) -> anyhow::Result<DeviceBuffer<T>> {
+        DeviceBuffer::from_host(self.gpu(), host).context("uploading the benchmark's input")
+    }
+
+    fn download<T: Element + Default>(
+        &mut self,
+        buffer: &DeviceBuffer<T>,
+    ) -> anyhow::Result<Vec<T>> {
+        buffer.to_host().context("downloading the result")
+    }
+
+    fn all_reduce<T: Element + Default>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        Ok(CudaCommunicator::all_reduce(self, input, output, op)?)
+    }
+
+    fn all_reduce_in_place<T: Element + Default>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        Ok(CudaCommunicator::all_reduce_in_place(self, buffer, op)?)
+    }
+}

@@ -1,0 +1,324 @@
+//! One GPU as a rank uses it: its context, the stream every collective runs
+//! on, the event the host sleeps on, and device buffers that other processes
+//! can open (cuMemAlloc'd, so they carry legacy IPC handles).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+
+use super::kernels::{Kernel, KernelCache};
+use crate::engine::{DType, Element, ReduceOp};
+
+/// A CUDA failure, with the GPU and the step it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("the CUDA {library} library is not installed (searched the loader path: set LD_LIBRARY_PATH to the directory holding it)")]
+    LibraryMissing { library: &'static str },
+
+    #[error("GPU {ordinal}: {what}: {source}")]
+    Driver {
+        ordinal: usize,
+        what: &'static str,
+        #[source]
+        source: DriverError,
+    },
+
+    #[error("GPU {ordinal}: compiling the reduce kernels with NVRTC: {log}")]
+    Compile { ordinal: usize, log: String },
+
+    #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
+    BufferLength {
+        ordinal: usize,
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+}
+
+/// Whether libcuda and libnvrtc can be loaded; cudarc would panic on first use.
+fn check_libraries() -> Result<(), CudaError> {
+    // SAFETY: both only try to dlopen candidate names and drop the handle.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::LibraryMissing {
+            library: "driver (libcuda)",
+        });
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::LibraryMissing {
+            library: "NVRTC (libnvrtc)",
+        });
+    }
+    Ok(())
+}
+
+/// A GPU opened by this process. Communicators on the same GPU share it (and
+/// its compiled kernels); the context lives as long as any of them.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Recorded after a step's work; the host sleeps in its synchronize
+    /// (CU_EVENT_BLOCKING_SYNC) instead of spinning on the GPU.
+    done: CudaEvent,
+    kernels: KernelCache,
+    multiprocessors: u32,
+    context_time: Duration,
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`'s primary context. This is the expensive part of
+    /// joining (100–250 ms per process), reported apart from a communicator's
+    /// init time.
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
+        check_libraries()?;
+        let started = Instant::now();
+        let driver = |what| {
+            move |source| CudaError::Driver {
+                ordinal,
+                what,
+                source,
+            }
+        };
+        let ctx = CudaContext::new(ordinal).map_err(driver("creating the context"))?;
+        let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let done = ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(driver("creating the completion event"))?;
+        let multiprocessors = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("reading the multiprocessor count"))?;
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            done,
+            kernels: KernelCache::default(),
+            multiprocessors: multiprocessors.max(1) as u32,
+            context_time: started.elapsed(),
+        }))
+    }
+
+    /// How many GPUs this process sees.
+    pub fn count() -> Result<usize, CudaError> {
+        check_libraries()?;
+        let driver = |what| {
+            move |source| CudaError::Driver {
+                ordinal: 0,
+                what,
+                source,
+            }
+        };
+        result::init().map_err(driver("initialising the driver"))?;
+        let count = result::device::get_count().map_err(driver("counting GPUs"))?;
+        Ok(count.max(0) as usize)
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// How long creating the context took.
+    pub fn context_time(&self) -> Duration {
+        self.context_time
+    }
+
+    /// Free and total device memory in bytes (cuMemGetInfo).
+    pub fn memory_info(&self) -> Result<(usize, usize), CudaError> {
+        self.ctx
+            .mem_get_info()
+            .map_err(self.driver("reading free memory"))
+    }
+
+    pub(crate) fn driver(&self, what: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+        let ordinal = self.ordinal();
+        move |source| CudaError::Driver {
+            ordinal,
+            what,
+            source,
+        }
+    }
+
+    pub(crate) fn bind(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(self.driver("binding the context"))
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
+    /// The kernels of `dtype` and `op`, compiled by NVRTC on first use and
+    /// kept for the process's lifetime.
+    pub(crate) fn kernel(&self, dtype: DType, op: ReduceOp) -> Result<Arc<Kernel>, CudaError> {
+        self.kernels.get(&self.ctx, dtype, op)
+    }
+
+    /// Waits, asleep, until everything queued on the stream so far has run.
+    pub(crate) fn finish(&self) -> Result<(), CudaError> {
+        self.finish_after_polling(Duration::ZERO)
+    }
+
+    /// Waits until everything queued on the stream so far has run: polls the
+    /// event for up to `poll`, then sleeps in its synchronize. A blocking-sync
+    /// wake-up costs 100–300 µs on a virtualised GPU, several times a small
+    /// step's GPU time, so short waits are polled; long ones still sleep.
+    pub(crate) fn finish_after_polling(&self, poll: Duration) -> Result<(), CudaError> {
+        self.done
+            .record(&self.stream)
+            .map_err(self.driver("recording the completion event"))?;
+        let started = Instant::now();
+        while started.elapsed() < poll {
+            if self
+                .done
+                .try_is_complete()
+                .map_err(self.driver("polling the completion event"))?
+            {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        self.done
+            .synchronize()
+            .map_err(self.driver("waiting for the GPU"))
+    }
+
+    /// Queues a copy of `bytes` bytes between device addresses (either may be
+    /// a peer's IPC mapping: the copy engine moves it peer to peer).
+    pub(crate) fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass ranges inside live allocations (own buffers or
+        // open peer mappings) that no host code touches while the stream runs.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(self.driver("queueing a device copy"))
+    }
+}
+
+/// `len` elements of `T` in device memory allocated with cuMemAlloc, so that
+/// its IPC handle can be opened by the other ranks (registered buffers).
+pub struct DeviceBuffer<T> {
+    gpu: Arc<Gpu>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    _element: PhantomData<T>,
+}
+
+// SAFETY: the buffer is a device address plus an owned allocation; the
+// context it belongs to is bound before every use.
+unsafe impl<T: Send> Send for DeviceBuffer<T> {}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// A buffer of `len` zeroed elements on `gpu`.
+    pub fn zeroed(gpu: &Arc<Gpu>, len: usize) -> Result<DeviceBuffer<T>, CudaError> {
+        gpu.bind()?;
+        // cuMemAlloc refuses 0 bytes; an empty buffer still owns a small block.
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        // SAFETY: a plain allocation in the bound context.
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .map_err(gpu.driver("allocating device memory"))?;
+        let buffer = DeviceBuffer {
+            gpu: gpu.clone(),
+            ptr,
+            len,
+            _element: PhantomData,
+        };
+        // SAFETY: `bytes` bytes at `ptr` were just allocated; on the
+        // collectives' stream for the reason given at copy_from_host.
+        unsafe { result::memset_d8_async(ptr, 0, bytes, gpu.stream().cu_stream()) }
+            .map_err(gpu.driver("zeroing device memory"))?;
+        gpu.finish()?;
+        Ok(buffer)
+    }
+
+    /// A buffer holding a copy of `host`.
+    pub fn from_host(gpu: &Arc<Gpu>, host: &[T]) -> Result<DeviceBuffer<T>, CudaError> {
+        let mut buffer = DeviceBuffer::zeroed(gpu, host.len())?;
+        buffer.copy_from_host(host)?;
+        Ok(buffer)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    // Copies go on the communicator's stream, not the legacy default one: a
+    // synchronous cuMemcpyHtoD from pageable memory may return before its DMA
+    // has landed, and the collectives' non-blocking stream does not wait
+    // for the default stream.
+    pub fn copy_from_host(&mut self, host: &[T]) -> Result<(), CudaError> {
+        self.check_len("host source", host.len())?;
+        self.gpu.bind()?;
+        // SAFETY: `host` has exactly `len` elements and the allocation holds
+        // them; the driver stages pageable memory before returning, and the
+        // finish below waits for the copy to land.
+        unsafe { result::memcpy_htod_async(self.ptr, host, self.gpu.stream().cu_stream()) }
+            .map_err(self.gpu.driver("copying to the GPU"))?;
+        self.gpu.finish()
+    }
+
+    pub fn copy_to_host(&self, host: &mut [T]) -> Result<(), CudaError> {
+        self.check_len("host destination", host.len())?;
+        self.gpu.bind()?;
+        // SAFETY: as in copy_from_host, in the other direction; `host` is
+        // not read until the finish below.
+        unsafe { result::memcpy_dtoh_async(host, self.ptr, self.gpu.stream().cu_stream()) }
+            .map_err(self.gpu.driver("copying from the GPU"))?;
+        self.gpu.finish()
+    }
+
+    pub fn to_host(&self) -> Result<Vec<T>, CudaError>
+    where
+        T: Default,
+    {
+        let mut host = vec![T::default(); self.len];
+        self.copy_to_host(&mut host)?;
+        Ok(host)
+    }
+
+    fn check_len(&self, what: &'static str, got: usize) -> Result<(), CudaError> {
+        if got != self.len {
+            return Err(CudaError::BufferLength {
+                ordinal: self.gpu.ordinal(),
+                what,
+                got,
+                expected: self.len,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<T> DeviceBuffer<T> {
+    /// The device address of element 0.
+    pub(crate) fn address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // A failure here leaves nothing to recover: the context is going away
+        // or already broken, and the driver reclaims the block with it.
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by malloc_sync in this context; queued work
+            // that used it is drained first.
+            let _ = self.gpu.finish();
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! The CUDA transport on a real GPU: every dtype × op against the CPU
+//! reference, a killed rank, mismatched calls, the host-staged path,
+//! registered buffers, and 1,000 communicators without leaking device
+//! memory. Several ranks share GPU 0 (the GPU machines lent have one).
+//! Built only with `--features gpu-tests`; run by `make test-gpu`.
+
+mod engine_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_support::{describe, killed_by_sigkill, role, run_ranks, spawn_ranks, wait_ranks, Role};
+use pcieipc::engine::cuda::{
+    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, PeerToPeer,
+};
+use pcieipc::engine::{
+    bf16, f16, Algorithm, AlgorithmChoice, CommOptions, Communicator, DType, Element, EngineError,
+    ReduceOp,
+};
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+fn options(algorithm: AlgorithmChoice) -> CudaOptions {
+    CudaOptions {
+        control: CommOptions {
+            join_timeout: Duration::from_secs(60),
+            peer_timeout: Duration::from_secs(20),
+            ..CommOptions::default()
+        },
+        algorithm,
+        ..CudaOptions::default()
+    }
+}
+
+fn join(role: &Role, suffix: &str, options: CudaOptions) -> CudaCommunicator {
+    let gpu = Gpu::open(0).expect("open GPU 0");
+    CudaCommunicator::init(
+        &format!("{}-{suffix}", role.rendezvous),
+        role.rank,
+        role.nranks,
+        gpu,
+        options,
+    )
+    .expect("init")
+}
+
+/// Small integers (so every type holds every partial result exactly) and,
+/// for the float types, values with fractions whose sums round.
+trait TestElement: Element + Default {
+    fn from_f64(value: f64) -> Self;
+    fn to_f64(self) -> f64;
+    /// Relative tolerance for the summation order of `nranks` values.
+    const EPSILON: f64;
+}
+
+macro_rules! test_element {
+    ($ty:ty, $from:expr, $to:expr, $eps:expr) => {
+        impl TestElement for $ty {
+            fn from_f64(value: f64) -> Self {
+                $from(value)
+            }
+            fn to_f64(self) -> f64 {
+                $to(self)
+            }
+            const EPSILON: f64 = $eps;
+        }
+    };
+}
+
+test_element!(f32, |v| v as f32, |v: f32| v as f64, 1e-6);
+test_element!(f64, |v| v, |v: f64| v, 1e-14);
+test_element!(f16, f16::from_f64, |v: f16| v.to_f64(), 4e-3);
+test_element!(bf16, bf16::from_f64, |v: bf16| v.to_f64(), 3e-2);
+test_element!(i32, |v| v as i32, |v: i32| v as f64, 0.0);
+test_element!(i64, |v| v as i64, |v: i64| v as f64, 0.0);
+test_element!(u8, |v| v as u8, |v: u8| v as f64, 0.0);
+
+/// Rank `rank`'s element `index` for `op`: exact in every type (sums of
+/// small integers, products of 1s and 2s), and for floats under sum a
+/// fraction that makes the order of summation show.
+fn value<T: TestElement>(rank: usize, index: usize, op: ReduceOp) -> T {
+    let small = match op {
+        ReduceOp::Sum | ReduceOp::Avg => ((index * 7 + rank * 3) % 8) as f64,
+        ReduceOp::Prod => (1 + (index + rank) % 2) as f64,
+        ReduceOp::Min | ReduceOp::Max => ((index * 13 + rank * 5) % 17) as f64,
+    };
+    let fraction = if T::EPSILON > 0.0 && op == ReduceOp::Sum {
+        ((index * 31 + rank * 17) % 97) as f64 / 97.0
+    } else {
+        0.0
+    };
+    T::from_f64(small + fraction)
+}
+
+/// The sequential CPU reference: the engine's scalar arithmetic in rank order.
+fn reference<T: TestElement>(nranks: usize, index: usize, op: ReduceOp) -> T {
+    let mut acc = value::<T>(0, index, op);
+    for rank in 1..nranks {
+        let next = value::<T>(rank, index, op);
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Avg => T::sum(acc, next),
+            ReduceOp::Prod => T::prod(acc, next),
+            ReduceOp::Min => T::min(acc, next),
+            ReduceOp::Max => T::max(acc, next),
+        };
+    }
+    if op == ReduceOp::Avg {
+        acc = acc.div_by_ranks(nranks);
+    }
+    acc
+}
+
+fn close<T: TestElement>(got: T, want: T, nranks: usize) -> bool {
+    if T::EPSILON == 0.0 {
+        return got == want;
+    }
+    let (got, want) = (got.to_f64(), want.to_f64());
+    (got - want).abs() <= T::EPSILON * nranks as f64 * want.abs().max(1.0)
+}
+
+/// One all_reduce of `count` elements, out of place and in place, checked
+/// element by element. Returns a description of the first difference.
+fn check_one<T: TestElement>(
+    comm: &mut CudaCommunicator,
+    count: usize,
+    op: ReduceOp,
+) -> Result<(), String> {
+    let (rank, nranks) = (comm.rank(), comm.nranks());
+    let host: Vec<T> = generate(count, |index| value(rank, index, op));
+    let gpu = comm.gpu().clone();
+    let input = DeviceBuffer::from_host(&gpu, &host).map_err(|e| e.to_string())?;
+    let mut output = DeviceBuffer::<T>::zeroed(&gpu, count).map_err(|e| e.to_string())?;
+    comm.all_reduce(&input, &mut output, op)
+        .map_err(|e| e.to_string())?;
+    let mut in_place = DeviceBuffer::from_host(&gpu, &host).map_err(|e| e.to_string())?;
+    comm.all_reduce_in_place(&mut in_place, op)
+        .map_err(|e| e.to_string())?;
+    let untouched = input.to_host().map_err(|e| e.to_string())?;
+    if untouched != host {
+        return Err("out of place: the input buffer changed".into());
+    }
+    let out_of_place = output.to_host().map_err(|e| e.to_string())?;
+    let in_place = in_place.to_host().map_err(|e| e.to_string())?;
+    let describe = |what: &str, index: usize, got: T, want: T| {
+        format!(
+            "{what}: {} {} count {count} element {index}: got {got:?}, want {want:?}",
+            T::DTYPE.name(),
+            op.name()
+        )
+    };
+    let first_wrong = |results: &[T]| {
+        first_index(results.len(), |index| {
+            !close(results[index], reference::<T>(nranks, index, op), nranks)
+        })
+    };
+    for (what, results) in [("out of place", &out_of_place), ("in place", &in_place)] {
+        if let Some(index) = first_wrong(results) {
+            return Err(describe(
+                what,
+                index,
+                results[index],
+                reference::<T>(nranks, index, op),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Threads a rank uses for the host side of a check: the 256 MiB cases
+/// would otherwise dominate the run.
+const CHECK_THREADS: usize = 4;
+
+fn generate<T: Send>(count: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let part = count.div_ceil(CHECK_THREADS).max(1);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = (0..count)
+            .step_by(part)
+            .map(|start| {
+                let f = &f;
+                scope.spawn(move || {
+                    (start..(start + part).min(count))
+                        .map(f)
+                        .collect::<Vec<T>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|part| part.join().expect("generator thread"))
+            .collect()
+    })
+}
+
+/// The smallest index in 0..count where `wrong` holds.
+fn first_index(count: usize, wrong: impl Fn(usize) -> bool + Sync) -> Option<usize> {
+    let part = count.div_ceil(CHECK_THREADS).max(1);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = (0..count)
+            .step_by(part)
+            .map(|start| {
+                let wrong = &wrong;
+                scope.spawn(move || (start..(start + part).min(count)).find(|index| wrong(*index)))
+            })
+            .collect();
+        parts
+            .into_iter()
+            .find_map(|part| part.join().expect("checker thread"))
+    })
+}
+
+fn check_dtype(
+    comm: &mut CudaCommunicator,
+    dtype: DType,
+    count: usize,
+    op: ReduceOp,
+) -> Result<(), String> {
+    match dtype {
+        DType::F32 => check_one::<f32>(comm, count, op),
+        DType::F64 => check_one::<f64>(comm, count, op),
+        DType::F16 => check_one::<f16>(comm, count, op),
+        DType::Bf16 => check_one::<bf16>(comm, count, op),
+        DType::I32 => check_one::<i32>(comm, count, op),
+        DType::I64 => check_one::<i64>(comm, count, op),
+        DType::U8 => check_one::<u8>(comm, count, op),
+    }
+}
+
+/// Every dtype × op at the sizes of the acceptance list, through both
+/// algorithms (auto picks one-shot for the small sizes; a second
+/// communicator forces the ring).
+fn every_dtype_and_op(role: Role) {
+    let mut auto = join(&role, "auto", options(AlgorithmChoice::Auto));
+    let mut ring = join(
+        &role,
+        "ring",
+        options(AlgorithmChoice::Fixed(Algorithm::Ring)),
+    );
+    assert_eq!(
+        auto.data_path(),
+        &DataPath::PeerToPeer,
+        "ranks on one GPU must pass the P2P check"
+    );
+    let mut failures = Vec::new();
+    for dtype in DType::ALL {
+        let element = dtype.size_bytes();
+        let counts = [
+            0,
+            1,
+            role.nranks - 1,
+            role.nranks + 1,
+            7919,
+            (1 << 20) + 3,
+            (256 << 20) / element,
+        ];
+        for op in ReduceOp::ALL {
+            for &count in &counts {
+                let comm = if count < 64 { &mut ring } else { &mut auto };
+                if let Err(failure) = check_dtype(comm, dtype, count, op) {
+                    failures.push(failure);
+                }
+            }
+            if let Err(failure) = check_dtype(&mut auto, dtype, 5, op) {
+                failures.push(format!("one-shot: {failure}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "rank {}: {} failures:\n{}",
+        role.rank,
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_dtype_and_op_with_2_ranks() {
+    run_ranks(
+        "every_dtype_and_op_with_2_ranks",
+        2,
+        LIMIT,
+        every_dtype_and_op,
+    );
+}
+
+#[test]
+fn every_dtype_and_op_with_4_ranks() {
+    run_ranks(
+        "every_dtype_and_op_with_4_ranks",
+        4,
+        LIMIT,
+        every_dtype_and_op,
+    );
+}
+
+#[test]
+fn host_staged_path_gives_the_same_results() {
+    run_ranks(
+        "host_staged_path_gives_the_same_results",
+        3,
+        LIMIT,
+        |role| {
+            let mut comm = join(
+                &role,
+                "staged",
+                CudaOptions {
+                    peer_to_peer: PeerToPeer::Off,
+                    ..options(AlgorithmChoice::Auto)
+                },
+            );
+            assert!(matches!(comm.data_path(), DataPath::HostStaged { .. }));
+            for op in ReduceOp::ALL {
+                check_dtype(&mut comm, DType::F32, (1 << 20) + 3, op).unwrap();
+                check_dtype(&mut comm, DType::Bf16, 7919, op).unwrap();
+            }
+        },
+    );
+}
+
+#[test]
+fn registered_input_is_read_in_place_by_the_peers() {
+    run_ranks(
+        "registered_input_is_read_in_place_by_the_peers",
+        3,
+        LIMIT,
+        |role| {
+            let mut comm = join(
+                &role,
+                "registered",
+                options(AlgorithmChoice::Fixed(Algorithm::Ring)),
+            );
+            let count = (3 << 20) + 5;
+            let gpu = comm.gpu().clone();
+            let host: Vec<i32> = generate(count, |index| value(role.rank, index, ReduceOp::Sum));
+            let input = DeviceBuffer::from_host(&gpu, &host).unwrap();
+            let mut output = DeviceBuffer::<i32>::zeroed(&gpu, count).unwrap();
+            comm.register(&input).unwrap();
+            for round in 0..3 {
+                comm.all_reduce(&input, &mut output, ReduceOp::Sum).unwrap();
+                let got = output.to_host().unwrap();
+                for (index, got) in got.into_iter().enumerate() {
+                    assert_eq!(
+                        got,
+                        reference::<i32>(role.nranks, index, ReduceOp::Sum),
+                        "round {round} element {index}"
+                    );
+                }
+            }
+            comm.deregister(&input).unwrap();
+        },
+    );
+}
+
+#[test]
+fn mismatched_counts_are_reported_by_every_rank() {
+    run_ranks(
+        "mismatched_counts_are_reported_by_every_rank",
+        2,
+        LIMIT,
+        |role| {
+            let mut comm = join(&role, "mismatch", options(AlgorithmChoice::Auto));
+            let gpu = comm.gpu().clone();
+            let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, 1000 + role.rank).unwrap();
+            match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+                Err(EngineError::MismatchedCall { peer, .. }) => assert_eq!(peer, 1 - role.rank),
+                other => panic!("rank {}: expected a mismatch, got {other:?}", role.rank),
+            }
+        },
+    );
+}
+
+#[test]
+fn killed_rank_is_named_by_the_others() {
+    const TEST: &str = "killed_rank_is_named_by_the_others";
+    const VICTIM: usize = 1;
+    let peer_timeout = Duration::from_secs(20);
+    if let Some(role) = role() {
+        let mut comm = join(
+            &role,
+            "killed",
+            CudaOptions {
+                control: CommOptions {
+                    peer_timeout,
+                    join_timeout: Duration::from_secs(60),
+                    ..CommOptions::default()
+                },
+                ..CudaOptions::default()
+            },
+        );
+        let gpu = comm.gpu().clone();
+        let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, 16 << 20).unwrap();
+        if role.rank == VICTIM {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(500));
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).expect("raise SIGKILL");
+            });
+        }
+        let (error, waited) = loop {
+            let started = Instant::now();
+            if let Err(error) = comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+                break (error, started.elapsed());
+            }
+        };
+        assert!(
+            waited < peer_timeout + Duration::from_secs(5),
+            "noticed after {waited:?}"
+        );
+        match error {
+            EngineError::PeerDied { rank, .. } => assert_eq!(rank, VICTIM),
+            other => panic!(
+                "rank {}: expected rank {VICTIM} named as dead, got {other}",
+                role.rank
+            ),
+        }
+        return;
+    }
+    let outputs = wait_ranks(spawn_ranks(TEST, 3, &[0, 1, 2]), LIMIT);
+    for (rank, output) in &outputs {
+        if *rank == VICTIM {
+            assert!(
+                killed_by_sigkill(&output.status),
+                "{}",
+                describe(*rank, output)
+            );
+        } else {
+            assert!(output.status.success(), "{}", describe(*rank, output));
+        }
+    }
+}
+
+#[test]
+fn a_thousand_communicators_leak_no_device_memory() {
+    const TEST: &str = "a_thousand_communicators_leak_no_device_memory";
+    let Some(role) = role() else {
+        let outputs = wait_ranks(spawn_ranks(TEST, 2, &[0, 1]), LIMIT);
+        for (rank, output) in &outputs {
+            assert!(output.status.success(), "{}", describe(*rank, output));
+            // The measurements, for the README (the harness prints the test's
+            // name on the same line, before them).
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            for line in stdout
+                .lines()
+                .filter_map(|line| line.find("rank ").map(|at| &line[at..]))
+            {
+                println!("{line}");
+            }
+        }
+        return;
+    };
+    {
+        let gpu: Arc<Gpu> = Gpu::open(0).expect("open GPU 0");
+        let mut barrier = Communicator::init(
+            &format!("{}-barrier", role.rendezvous),
+            role.rank,
+            role.nranks,
+            CommOptions::default(),
+        )
+        .unwrap();
+        let meet = |barrier: &mut Communicator| {
+            let mut word = [0i32];
+            barrier
+                .all_reduce_in_place(&mut word, ReduceOp::Sum)
+                .unwrap();
+        };
+        let cycle = |i: usize| -> Duration {
+            let comm = CudaCommunicator::init(
+                &format!("{}-{i}", role.rendezvous),
+                role.rank,
+                role.nranks,
+                gpu.clone(),
+                options(AlgorithmChoice::Auto),
+            )
+            .unwrap();
+            let mut comm = comm;
+            let mut buffer = DeviceBuffer::<f32>::from_host(&gpu, &[1.0; 1000]).unwrap();
+            comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum)
+                .unwrap();
+            assert_eq!(buffer.to_host().unwrap()[999], role.nranks as f32);
+            comm.init_time()
+        };
+        // The first communicator compiles kernels and sets up the driver's
+        // IPC bookkeeping: memory counted from after it.
+        cycle(0);
+        meet(&mut barrier);
+        let (before, _) = gpu.memory_info().unwrap();
+        meet(&mut barrier);
+        let mut init_times = Vec::new();
+        for i in 1..=1000 {
+            init_times.push(cycle(i));
+        }
+        meet(&mut barrier);
+        let (after, total) = gpu.memory_info().unwrap();
+        meet(&mut barrier);
+        init_times.sort();
+        println!(
+            "rank {}: free before {before} B, after {after} B of {total} B; init median {:?}, max {:?}; context {:?}",
+            role.rank,
+            init_times[init_times.len() / 2],
+            init_times[init_times.len() - 1],
+            gpu.context_time()
+        );
+        assert!(
+            after + (2 << 20) >= before,
+            "free device memory fell from {before} to {after} B over 1,000 communicators"
+        );
+    }
+}
