@@ -3,7 +3,7 @@
 //! (buffers in GPU memory). Timing, checking and the table are shared.
 
 use anyhow::Context;
-use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer};
+use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, PeerRead};
 use pcieipc::engine::{Algorithm, Communicator, Element, ReduceOp};
 
 pub trait Collective {
@@ -113,7 +113,10 @@ impl Collective for CudaCommunicator {
 
     fn describe(&self) -> String {
         let path = match self.data_path() {
-            DataPath::PeerToPeer => "peer-to-peer".to_owned(),
+            DataPath::PeerToPeer => match self.peer_read() {
+                PeerRead::Direct => "peer-to-peer, direct reads".to_owned(),
+                PeerRead::CopyEngine => "peer-to-peer, copy-engine reads".to_owned(),
+            },
             DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
         };
         format!(

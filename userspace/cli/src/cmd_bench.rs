@@ -7,7 +7,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerToPeer};
+use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerRead, PeerToPeer};
 use pcieipc::engine::{
     bf16, f16, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element, ReduceOp,
     TransportKind, UnknownTransport,
@@ -101,6 +101,11 @@ pub struct Args {
     /// Microseconds a waiting rank spins before it sleeps on the futex.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
+    /// With --transport cuda: how a reduce step reads the predecessor's
+    /// chunk: `direct` (the kernel loads peer memory) or `copy-engine` (a
+    /// copy into local memory first).
+    #[arg(long, value_name = "direct|copy-engine", default_value = "direct", value_parser = ["direct", "copy-engine"])]
+    peer_read: String,
     /// With --transport cuda: microseconds a rank polls its GPU's completion
     /// event before it sleeps on it.
     #[arg(long, value_name = "US")]
@@ -259,6 +264,11 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                         PeerToPeer::Off
                     } else {
                         PeerToPeer::Auto
+                    },
+                    peer_read: if args.peer_read == "copy-engine" {
+                        PeerRead::CopyEngine
+                    } else {
+                        PeerRead::Direct
                     },
                     gpu_poll: args
                         .gpu_poll_us

@@ -28,7 +28,8 @@ enum Command {
     /// PCIe topology, link health, AER counters, P2P readiness and the optimal ring.
     Probe(cmd_probe::Args),
     /// nccl-tests style AllReduce benchmark over local ranks.
-    Bench(cmd_bench::Args),
+    // Boxed: its flags make it several times larger than the others.
+    Bench(Box<cmd_bench::Args>),
     /// Talk to the pcieipc kernel module through /dev/pcieipc.
     Device(cmd_device::Args),
     /// Link status, retraining and watching of any PCI function (needs the module).
@@ -41,7 +42,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Probe(args) => cmd_probe::run(args),
-        Command::Bench(args) => cmd_bench::run(args),
+        Command::Bench(args) => cmd_bench::run(*args),
         Command::Device(args) => cmd_device::run(args),
         Command::Link(args) => cmd_link::run(args),
         Command::Monitor(args) => cmd_monitor::run(args),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use engine_support::{describe, killed_by_sigkill, role, run_ranks, spawn_ranks, wait_ranks, Role};
 use pcieipc::engine::cuda::{
-    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, PeerToPeer,
+    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, PeerRead, PeerToPeer,
 };
 use pcieipc::engine::{
     bf16, f16, Algorithm, AlgorithmChoice, CommOptions, Communicator, DType, Element, EngineError,
@@ -312,6 +312,34 @@ fn host_staged_path_gives_the_same_results() {
             for op in ReduceOp::ALL {
                 check_dtype(&mut comm, DType::F32, (1 << 20) + 3, op).unwrap();
                 check_dtype(&mut comm, DType::Bf16, 7919, op).unwrap();
+            }
+        },
+    );
+}
+
+#[test]
+fn copy_engine_reads_give_the_same_results() {
+    run_ranks(
+        "copy_engine_reads_give_the_same_results",
+        3,
+        LIMIT,
+        |role| {
+            let mut comm = join(
+                &role,
+                "copy-engine",
+                CudaOptions {
+                    peer_read: PeerRead::CopyEngine,
+                    chunk_bytes: 1 << 20,
+                    ..options(AlgorithmChoice::Fixed(Algorithm::Ring))
+                },
+            );
+            assert_eq!(comm.peer_read(), PeerRead::CopyEngine);
+            for dtype in DType::ALL {
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                    for count in [1, 7919, (3 << 20) + 3] {
+                        check_dtype(&mut comm, dtype, count, op).unwrap();
+                    }
+                }
             }
         },
     );

@@ -46,6 +46,16 @@ pub enum PeerToPeer {
     Off,
 }
 
+/// How a reduce step gets the predecessor's chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerRead {
+    /// The reduce kernel loads it straight from the peer's memory.
+    Direct,
+    /// The copy engine brings it into a local buffer first, then the
+    /// kernel reduces locally.
+    CopyEngine,
+}
+
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     /// The host control plane's options (rendezvous and peer timeouts, spin
@@ -59,6 +69,7 @@ pub struct CudaOptions {
     pub one_shot_read_budget: usize,
     pub algorithm: AlgorithmChoice,
     pub peer_to_peer: PeerToPeer,
+    pub peer_read: PeerRead,
     /// How long a rank polls its GPU's completion event before it sleeps on
     /// it (the waits for peers are the control plane's, with its own spin).
     pub gpu_poll: Duration,
@@ -72,6 +83,7 @@ impl Default for CudaOptions {
             one_shot_read_budget: 256 << 10,
             algorithm: AlgorithmChoice::Auto,
             peer_to_peer: PeerToPeer::Auto,
+            peer_read: PeerRead::Direct,
             gpu_poll: Duration::from_micros(200),
         }
     }
@@ -132,6 +144,8 @@ pub struct CudaCommunicator {
     path: DataPath,
     layout: StagingLayout,
     staging: DeviceBuffer<u8>,
+    /// One chunk of local memory the copy engine fills on `PeerRead::CopyEngine`.
+    landing: Option<DeviceBuffer<u8>>,
     /// Each peer's staging block as mapped here (`None` at our own rank, and
     /// everywhere on the host-staged path).
     peer_staging: Vec<Option<PeerMemory>>,
@@ -189,6 +203,12 @@ impl CudaCommunicator {
             path: DataPath::PeerToPeer,
             layout,
             staging,
+            landing: match options.peer_read {
+                PeerRead::Direct => None,
+                PeerRead::CopyEngine => {
+                    Some(DeviceBuffer::<u8>::zeroed(&gpu, layout.slot_bytes).map_err(&err)?)
+                }
+            },
             peer_staging: (0..nranks).map(|_| None).collect(),
             registered: HashMap::new(),
             one_shot_parity: 0,
@@ -265,6 +285,13 @@ impl CudaCommunicator {
 
     pub fn data_path(&self) -> &DataPath {
         &self.path
+    }
+
+    pub fn peer_read(&self) -> PeerRead {
+        match self.landing {
+            Some(_) => PeerRead::CopyEngine,
+            None => PeerRead::Direct,
+        }
     }
 
     pub fn chunk_bytes(&self) -> usize {
@@ -554,7 +581,7 @@ impl CudaCommunicator {
                     if range.is_empty() {
                         continue;
                     }
-                    let incoming = if k == 0 && call.registered_input {
+                    let remote = if k == 0 && call.registered_input {
                         let registration = &self.registered[&call.input];
                         let mapping = registration.peers[predecessor]
                             .as_ref()
@@ -562,6 +589,16 @@ impl CudaCommunicator {
                         at(mapping.address(), range.start)
                     } else {
                         self.peer(predecessor, self.layout.slot(k, (chunk + k) % 2))
+                    };
+                    // One landing buffer serves every step: the stream runs
+                    // each copy and the kernel that reads it before the next.
+                    let incoming = match &self.landing {
+                        Some(landing) if k <= last_reduce => {
+                            self.gpu
+                                .copy(landing.address(), remote, range.len() * element)?;
+                            landing.address()
+                        }
+                        _ => remote,
                     };
                     let forward =
                         (k + 1 < steps).then(|| self.own(self.layout.slot(k + 1, iteration % 2)));

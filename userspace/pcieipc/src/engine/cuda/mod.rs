@@ -8,5 +8,5 @@ mod gpu;
 mod ipc;
 mod kernels;
 
-pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerToPeer};
+pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
 pub use gpu::{CudaError, DeviceBuffer, Gpu};
