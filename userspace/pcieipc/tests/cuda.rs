@@ -9,7 +9,9 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_support::{describe, killed_by_sigkill, role, run_ranks, spawn_ranks, wait_ranks, Role};
+use engine_support::{
+    assert_only_victim_killed, describe, role, run_ranks, spawn_ranks, wait_ranks, Role,
+};
 use pcieipc::engine::cuda::{
     CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, PeerRead, PeerToPeer,
 };
@@ -443,17 +445,7 @@ fn killed_rank_is_named_by_the_others() {
         return;
     }
     let outputs = wait_ranks(spawn_ranks(TEST, 3, &[0, 1, 2]), LIMIT);
-    for (rank, output) in &outputs {
-        if *rank == VICTIM {
-            assert!(
-                killed_by_sigkill(&output.status),
-                "{}",
-                describe(*rank, output)
-            );
-        } else {
-            assert!(output.status.success(), "{}", describe(*rank, output));
-        }
-    }
+    assert_only_victim_killed(&outputs, VICTIM);
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod engine_support;
 use std::time::{Duration, Instant};
 
 use engine_support::{
-    assert_succeeded, describe, dev_shm_segments, killed_by_sigkill, role, run_ranks,
+    assert_only_victim_killed, assert_succeeded, dev_shm_segments, role, run_ranks,
     segment_references, spawn_ranks, wait_ranks, Role,
 };
 use pcieipc::engine::{
@@ -78,17 +78,7 @@ fn killed_rank_is_named_and_leaves_no_shared_memory() {
         return;
     }
     let outputs = wait_ranks(spawn_ranks(TEST, 3, &[0, 1, 2]), LIMIT);
-    for (rank, output) in &outputs {
-        if *rank == VICTIM {
-            assert!(
-                killed_by_sigkill(&output.status),
-                "{}",
-                describe(*rank, output)
-            );
-        } else {
-            assert!(output.status.success(), "{}", describe(*rank, output));
-        }
-    }
+    assert_only_victim_killed(&outputs, VICTIM);
     assert_eq!(dev_shm_segments(), Vec::<String>::new());
 }
 

@@ -107,6 +107,21 @@ pub fn killed_by_sigkill(status: &ExitStatus) -> bool {
     status.signal() == Some(9)
 }
 
+/// Asserts that `victim` was killed by SIGKILL and every other rank passed.
+pub fn assert_only_victim_killed(outputs: &[(usize, Output)], victim: usize) {
+    for (rank, output) in outputs {
+        if *rank == victim {
+            assert!(
+                killed_by_sigkill(&output.status),
+                "{}",
+                describe(*rank, output)
+            );
+        } else {
+            assert!(output.status.success(), "{}", describe(*rank, output));
+        }
+    }
+}
+
 /// Lines of /proc/self/maps and targets of /proc/self/fd that refer to the
 /// engine's memfd segment.
 pub fn segment_references() -> Vec<String> {
