@@ -36,6 +36,7 @@ datapath.toml datapath-dma.sh
 datapath.toml datapath-aer.sh
 ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
+engine-aer.toml engine-aer.sh
 LIST
 
 echo

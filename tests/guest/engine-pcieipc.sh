@@ -62,5 +62,12 @@ check "windows larger than the region: rank 0 names its device and the bytes nee
     ! pcieipc bench --transport pcieipc --nranks 1 --chunk-bytes 2M -b 8 -e 8 > /tmp/toobig.out 2>&1 &&
     grep -q "rank 0: pcieipc transport: device 0: BAR2 holds 16777216 bytes, the windows of 1 ranks need [0-9]*" /tmp/toobig.out'
 cat /tmp/toobig.out
+check "the same on 2 ranks: rank 1 learns at once that rank 0 failed, rather than at its join timeout" sh -c '
+    timeout 10 pcieipc bench --transport pcieipc --nranks 2 --chunk-bytes 2M -b 8 -e 8 > /tmp/toobig2.out 2>&1
+    rc=$?
+    [ $rc != 0 ] && [ $rc != 124 ] &&
+    grep -q "rank 0: pcieipc transport: device 0: BAR2 holds 16777216 bytes" /tmp/toobig2.out &&
+    grep -q "rank 0 failed to set up the transport before admitting the ranks" /tmp/toobig2.out'
+cat /tmp/toobig2.out
 check "rmmod pcieipc" rmmod pcieipc
 summary

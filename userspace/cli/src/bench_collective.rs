@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, PeerRead};
-use pcieipc::engine::{Algorithm, Communicator, Element, ReduceOp};
+use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
 pub trait Collective {
     /// A buffer of `T` where this communicator reduces.
@@ -18,7 +18,10 @@ pub trait Collective {
     /// The transport and its parameters, for the table's header.
     fn describe(&self) -> String;
     fn transport_name(&self) -> &'static str;
-    fn chunk_bytes(&self) -> usize;
+    /// How chunks are sized when --chunk-bytes does not say, for the header.
+    fn default_chunks(&self) -> String;
+    /// The last call as this rank made it (its chunk size included).
+    fn last_call(&self) -> Option<CallDescriptor>;
     fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm;
 
     fn upload<T: Element + Default>(&mut self, host: &[T]) -> anyhow::Result<Self::Buffer<T>>;
@@ -62,8 +65,12 @@ impl Collective for Communicator {
         self.transport_kind().name()
     }
 
-    fn chunk_bytes(&self) -> usize {
-        Communicator::chunk_bytes(self)
+    fn default_chunks(&self) -> String {
+        "by link and size".to_owned()
+    }
+
+    fn last_call(&self) -> Option<CallDescriptor> {
+        Communicator::last_call(self)
     }
 
     fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
@@ -130,8 +137,12 @@ impl Collective for CudaCommunicator {
         "cuda"
     }
 
-    fn chunk_bytes(&self) -> usize {
-        CudaCommunicator::chunk_bytes(self)
+    fn default_chunks(&self) -> String {
+        format!("{} B", self.chunk_bytes())
+    }
+
+    fn last_call(&self) -> Option<CallDescriptor> {
+        CudaCommunicator::last_call(self)
     }
 
     fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {

@@ -89,7 +89,7 @@ pub struct Args {
     /// all_reduce algorithm: auto (by size and rank count), ring, one-shot.
     #[arg(long, default_value = "auto")]
     algorithm: AlgorithmChoice,
-    /// Chunk size in bytes instead of the chunk policy's.
+    /// Chunk size in bytes instead of the chunk policy's (by link and message size).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     chunk_bytes: Option<usize>,
     /// Chunks the ring's first step may run ahead.
@@ -417,6 +417,8 @@ struct Measurement {
     algbw_gb_s: f64,
     busbw_gb_s: f64,
     wrong: u64,
+    /// The chunk size the last call of this size moved in (0: one-shot).
+    chunk_bytes: u32,
 }
 
 impl Measurement {
@@ -426,6 +428,7 @@ impl Measurement {
             "algbw_gb_s": self.algbw_gb_s,
             "busbw_gb_s": self.busbw_gb_s,
             "wrong": self.wrong,
+            "chunk_bytes": self.chunk_bytes,
         })
     }
 }
@@ -466,6 +469,7 @@ fn measure<C: Collective, T: BenchElement>(
     for _ in 0..args.iters {
         call(comm, &mut output)?;
     }
+    let chunk_bytes = comm.last_call().map_or(0, |call| call.chunk_bytes);
     // nccl-tests reports the time averaged over ranks.
     let mut seconds = [started.elapsed().as_secs_f64() / args.iters.max(1) as f64];
     comm.host()
@@ -477,6 +481,7 @@ fn measure<C: Collective, T: BenchElement>(
         algbw_gb_s: algbw,
         busbw_gb_s: algbw * 2.0 * (nranks as f64 - 1.0) / nranks as f64,
         wrong: wrong[0] as u64,
+        chunk_bytes,
     })
 }
 
@@ -507,18 +512,19 @@ fn sweep<C: Collective, T: BenchElement>(
     let op = args.op.name();
     if leader && !args.json {
         println!(
-            "# pcieipc bench: all_reduce, {nranks} ranks, {}, algorithm {}, chunk {} B, init {init_ms:.2} ms (slowest rank)",
+            "# pcieipc bench: all_reduce, {nranks} ranks, {}, algorithm {}, chunks {}, init {init_ms:.2} ms (slowest rank)",
             comm.describe(),
             match args.algorithm {
                 AlgorithmChoice::Auto => "auto".to_owned(),
                 AlgorithmChoice::Fixed(algorithm) => algorithm.name().to_owned(),
             },
-            comm.chunk_bytes()
+            args.chunk_bytes
+                .map_or_else(|| comm.default_chunks(), |bytes| format!("{bytes} B"))
         );
         println!("#");
         println!("#                                                              out-of-place                       in-place          ");
-        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong");
-        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ");
+        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     chunk");
+        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)              (B)");
     }
     let progress = if leader && sizes.len() > 1 {
         indicatif::ProgressBar::new(sizes.len() as u64)
@@ -543,7 +549,7 @@ fn sweep<C: Collective, T: BenchElement>(
         if leader && !args.json {
             progress.suspend(|| {
                 println!(
-                    "{bytes:>12}  {count:>12}  {dtype:>8}  {op:>6}  {:>6}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}",
+                    "{bytes:>12}  {count:>12}  {dtype:>8}  {op:>6}  {:>6}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>8}",
                     -1,
                     out_of_place.time_us,
                     out_of_place.algbw_gb_s,
@@ -552,7 +558,8 @@ fn sweep<C: Collective, T: BenchElement>(
                     in_place.time_us,
                     in_place.algbw_gb_s,
                     in_place.busbw_gb_s,
-                    in_place.wrong
+                    in_place.wrong,
+                    in_place.chunk_bytes
                 )
             });
         }
@@ -579,7 +586,6 @@ fn sweep<C: Collective, T: BenchElement>(
                 "iters": args.iters,
                 "warmup_iters": args.warmup_iters,
                 "check": args.check == 1,
-                "chunk_bytes": comm.chunk_bytes(),
                 "init_ms": init_ms,
                 "results": rows,
                 "wrong": total_wrong,

@@ -279,18 +279,22 @@ fn mismatches(role: Role) {
         },
         |call| call.kind.name().to_owned(),
     );
-    expect_mismatch(
-        &role,
-        "algorithm",
-        Algorithm::Ring,
-        |comm, rank| {
-            if rank == odd {
-                comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::OneShot));
-            }
-            comm.all_reduce_in_place(&mut vec![1i64; 64], ReduceOp::Min)
-        },
-        |call| call.algorithm.name().to_owned(),
-    );
+    // The last rank, and then rank 0 (whose descriptor the ring ranks wait
+    // for to adopt its chunk size), takes the other algorithm.
+    for odd in [odd, 0] {
+        expect_mismatch(
+            &role,
+            &format!("algorithm-{odd}"),
+            Algorithm::Ring,
+            |comm, rank| {
+                if rank == odd {
+                    comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::OneShot));
+                }
+                comm.all_reduce_in_place(&mut vec![1i64; 64], ReduceOp::Min)
+            },
+            |call| call.algorithm.name().to_owned(),
+        );
+    }
 }
 
 #[test]

@@ -51,10 +51,22 @@ pub struct CallDescriptor {
     /// The broadcast root; 0 for the other calls.
     pub root: u32,
     pub algorithm: Algorithm,
+    /// The chunk size the ring or broadcast moves the call in, decided by one
+    /// rank for all (docs/engine.md); 0 for the one-shot path, and while a
+    /// broadcast rank has yet to learn it from the message it receives.
     pub chunk_bytes: u32,
 }
 
 impl CallDescriptor {
+    /// Whether `other` is the same call as far as the user chose it (all but
+    /// the chunk size, which ranks adopt from the rank that decides it).
+    pub fn same_call(&self, other: &CallDescriptor) -> bool {
+        CallDescriptor {
+            chunk_bytes: other.chunk_bytes,
+            ..*self
+        } == *other
+    }
+
     /// The descriptor as three words for the transport's shared control block.
     pub(crate) fn to_words(self) -> [u64; 3] {
         let head = self.kind as u64
@@ -101,11 +113,10 @@ impl fmt::Display for CallDescriptor {
         if self.kind == CallKind::Broadcast {
             write!(f, ", root={}", self.root)?;
         }
-        write!(
-            f,
-            "; {}, {}-byte chunks)",
-            self.algorithm.name(),
-            self.chunk_bytes
-        )
+        write!(f, "; {}", self.algorithm.name())?;
+        if self.chunk_bytes != 0 {
+            write!(f, ", {}-byte chunks", self.chunk_bytes)?;
+        }
+        write!(f, ")")
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! A chunk is the unit that is written to a peer's window and signalled; smaller
 //! chunks cost more signals, larger ones hold more data in flight when a link
-//! replays TLPs. The policy takes plain link facts so that the probe library (or
-//! a config file) can feed it; the communicator re-plans between operations when
-//! [`super::Communicator::set_link`] is called after a link or AER event.
+//! replays TLPs. The policy takes plain link facts so that the probe library,
+//! the module's events (the pcieipc transport) or a config file can feed it,
+//! and the message size, which decides in host memory. Every rank publishes its
+//! link; the rank that decides a call's chunk takes the smallest chunk any
+//! rank's link asks for (see docs/engine.md).
 
 /// What the engine needs to know about the link under a ring hop.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -13,14 +15,48 @@ pub struct LinkFacts {
     pub speed_gt_s: f32,
     /// Negotiated link width in lanes.
     pub width: u8,
-    /// Correctable and non-fatal AER errors counted on the link since the last
-    /// plan: a rising count means replays, which favour smaller chunks.
+    /// AER errors reported on the link recently (the pcieipc transport counts
+    /// those of the last minute): a rising count means replays, which favour
+    /// smaller chunks.
     pub recent_aer_errors: u64,
 }
 
+/// `LinkFacts` as one word of a rank's control block; 0 is no link.
+const LINK_PRESENT: u64 = 1 << 63;
+const LINK_AER_MAX: u64 = (1 << 23) - 1;
+
+impl LinkFacts {
+    /// The word a rank publishes for its link: speed (f32 bits), width and
+    /// the AER count (saturated at 2^23 − 1, far above any threshold).
+    pub(crate) fn to_word(link: Option<&LinkFacts>) -> u64 {
+        link.map_or(0, |link| {
+            LINK_PRESENT
+                | link.recent_aer_errors.min(LINK_AER_MAX) << 40
+                | u64::from(link.width) << 32
+                | u64::from(link.speed_gt_s.to_bits())
+        })
+    }
+
+    pub(crate) fn from_word(word: u64) -> Option<LinkFacts> {
+        (word & LINK_PRESENT != 0).then(|| LinkFacts {
+            speed_gt_s: f32::from_bits(word as u32),
+            width: (word >> 32) as u8,
+            recent_aer_errors: (word >> 40) & LINK_AER_MAX,
+        })
+    }
+}
+
+/// Host memory's chunk for messages of at most `up_to_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SizeStep {
+    pub up_to_bytes: usize,
+    pub chunk_bytes: usize,
+}
+
 /// The chunk size for each link condition, in bytes. The defaults are the
-/// project's design values for PCIe; `host_memory` is the shm transport's,
-/// chosen by `scripts/bench-vs-mpi.sh` (see docs/engine.md for the measurement).
+/// project's design values for PCIe; `host_memory` is the shm transport's, by
+/// message size, measured with `pcieipc bench --chunk-bytes` and
+/// `scripts/bench-vs-mpi.sh` (docs/engine.md has the measurement).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkPolicy {
     /// A healthy Gen3 x16 or faster link.
@@ -31,11 +67,15 @@ pub struct ChunkPolicy {
     pub degraded: usize,
     /// A Gen2 (5 GT/s) or slower link.
     pub slow: usize,
-    /// No link at all: the ranks share host memory.
-    pub host_memory: usize,
+    /// No link at all: the ranks share host memory. The first step that holds
+    /// the message applies; messages above the last step take its chunk.
+    pub host_memory: [SizeStep; HOST_MEMORY_STEPS],
     /// `recent_aer_errors` at or above this counts as rising.
     pub aer_error_threshold: u64,
 }
+
+/// How many message-size steps the host-memory chunk has.
+pub const HOST_MEMORY_STEPS: usize = 2;
 
 impl Default for ChunkPolicy {
     fn default() -> ChunkPolicy {
@@ -44,30 +84,52 @@ impl Default for ChunkPolicy {
             aer_errors: 256 << 10,
             degraded: 512 << 10,
             slow: 64 << 10,
-            host_memory: 32 << 10,
+            // Measured on the 2-core development VM, 2 ranks (docs/engine.md):
+            // up to 1 MiB the best chunks were 128–512 KiB, above it 512 KiB
+            // (16 MiB: 6.0 / 6.7 GB/s against 4.1 / 5.0 at 32 KiB).
+            host_memory: [
+                SizeStep {
+                    up_to_bytes: 1 << 20,
+                    chunk_bytes: 256 << 10,
+                },
+                SizeStep {
+                    up_to_bytes: usize::MAX,
+                    chunk_bytes: 512 << 10,
+                },
+            ],
             aer_error_threshold: 1,
         }
     }
 }
 
 impl ChunkPolicy {
-    /// A policy that uses one size whatever the link.
+    /// A policy that uses one size whatever the link and message.
     pub fn fixed(bytes: usize) -> ChunkPolicy {
         ChunkPolicy {
             healthy: bytes,
             aer_errors: bytes,
             degraded: bytes,
             slow: bytes,
-            host_memory: bytes,
+            host_memory: [SizeStep {
+                up_to_bytes: usize::MAX,
+                chunk_bytes: bytes,
+            }; HOST_MEMORY_STEPS],
             aer_error_threshold: 1,
         }
     }
 
-    /// The chunk size for data crossing `link` (`None`: host memory). A slow
-    /// link wins over errors, since its small fixed chunk is already the floor.
-    pub fn chunk_bytes(&self, link: Option<&LinkFacts>) -> usize {
+    /// The chunk size for a message of `message_bytes` crossing `link`
+    /// (`None`: host memory). A slow link wins over errors, since its small
+    /// fixed chunk is already the floor.
+    pub fn chunk_bytes(&self, link: Option<&LinkFacts>, message_bytes: usize) -> usize {
         match link {
-            None => self.host_memory,
+            None => {
+                self.host_memory
+                    .iter()
+                    .find(|step| message_bytes <= step.up_to_bytes)
+                    .unwrap_or(&self.host_memory[HOST_MEMORY_STEPS - 1])
+                    .chunk_bytes
+            }
             Some(link) if link.speed_gt_s <= 5.0 => self.slow,
             Some(link) if link.recent_aer_errors >= self.aer_error_threshold => self.aer_errors,
             Some(link) if link.speed_gt_s <= 8.0 && link.width <= 8 => self.degraded,
@@ -77,16 +139,9 @@ impl ChunkPolicy {
 
     /// The largest chunk this policy can ask for: the transport sizes its slots by it.
     pub fn max_chunk_bytes(&self) -> usize {
-        [
-            self.healthy,
-            self.aer_errors,
-            self.degraded,
-            self.slow,
-            self.host_memory,
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0)
+        let links = [self.healthy, self.aer_errors, self.degraded, self.slow];
+        let host_memory = self.host_memory.map(|step| step.chunk_bytes);
+        links.into_iter().chain(host_memory).max().unwrap_or(0)
     }
 }
 
@@ -105,23 +160,51 @@ mod tests {
     #[test]
     fn default_policy_follows_the_design_table() {
         let policy = ChunkPolicy::default();
-        assert_eq!(policy.chunk_bytes(Some(&link(16.0, 16, 0))), 1 << 20);
-        assert_eq!(policy.chunk_bytes(Some(&link(32.0, 16, 0))), 1 << 20);
-        assert_eq!(policy.chunk_bytes(Some(&link(16.0, 16, 3))), 256 << 10);
-        assert_eq!(policy.chunk_bytes(Some(&link(8.0, 8, 0))), 512 << 10);
-        assert_eq!(policy.chunk_bytes(Some(&link(8.0, 16, 0))), 1 << 20);
-        assert_eq!(policy.chunk_bytes(Some(&link(5.0, 16, 0))), 64 << 10);
-        assert_eq!(policy.chunk_bytes(Some(&link(5.0, 4, 9))), 64 << 10);
-        assert_eq!(policy.chunk_bytes(Some(&link(2.5, 1, 0))), 64 << 10);
-        assert_eq!(policy.chunk_bytes(None), 32 << 10);
+        // The link's chunk whatever the message size.
+        for message in [1 << 10, 1 << 30] {
+            let chunk = |link: LinkFacts| policy.chunk_bytes(Some(&link), message);
+            assert_eq!(chunk(link(16.0, 16, 0)), 1 << 20);
+            assert_eq!(chunk(link(32.0, 16, 0)), 1 << 20);
+            assert_eq!(chunk(link(16.0, 16, 3)), 256 << 10);
+            assert_eq!(chunk(link(8.0, 8, 0)), 512 << 10);
+            assert_eq!(chunk(link(8.0, 16, 0)), 1 << 20);
+            assert_eq!(chunk(link(5.0, 16, 0)), 64 << 10);
+            assert_eq!(chunk(link(5.0, 4, 9)), 64 << 10);
+            assert_eq!(chunk(link(2.5, 1, 0)), 64 << 10);
+        }
         assert_eq!(policy.max_chunk_bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn host_memory_chunk_grows_with_the_message() {
+        let policy = ChunkPolicy::default();
+        assert_eq!(policy.chunk_bytes(None, 0), 256 << 10);
+        assert_eq!(policy.chunk_bytes(None, 1 << 20), 256 << 10);
+        assert_eq!(policy.chunk_bytes(None, (1 << 20) + 1), 512 << 10);
+        assert_eq!(policy.chunk_bytes(None, usize::MAX), 512 << 10);
+    }
+
+    #[test]
+    fn link_words_round_trip_and_zero_is_no_link() {
+        assert_eq!(LinkFacts::to_word(None), 0);
+        assert_eq!(LinkFacts::from_word(0), None);
+        for facts in [link(16.0, 16, 0), link(2.5, 1, 7), link(64.0, 32, u64::MAX)] {
+            let back = LinkFacts::from_word(LinkFacts::to_word(Some(&facts))).unwrap();
+            assert_eq!(back.speed_gt_s, facts.speed_gt_s);
+            assert_eq!(back.width, facts.width);
+            assert_eq!(
+                back.recent_aer_errors,
+                facts.recent_aer_errors.min(LINK_AER_MAX)
+            );
+        }
     }
 
     #[test]
     fn fixed_policy_ignores_the_link() {
         let policy = ChunkPolicy::fixed(4096);
-        assert_eq!(policy.chunk_bytes(Some(&link(2.5, 1, 100))), 4096);
-        assert_eq!(policy.chunk_bytes(None), 4096);
+        assert_eq!(policy.chunk_bytes(Some(&link(2.5, 1, 100)), 1 << 20), 4096);
+        assert_eq!(policy.chunk_bytes(None, 1 << 30), 4096);
+        assert_eq!(policy.chunk_bytes(None, 8), 4096);
         assert_eq!(policy.max_chunk_bytes(), 4096);
     }
 }

@@ -11,6 +11,7 @@ use super::chunk::{ChunkPolicy, LinkFacts};
 use super::dtype::{combine, finish_avg, Element, ReduceOp};
 use super::error::EngineError;
 use super::failure::Failure;
+use super::link_events::LinkEvents;
 use super::rendezvous;
 use super::shm::{self, ShmTransport};
 use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes};
@@ -23,6 +24,10 @@ const EAGER_SPIN: Duration = Duration::from_micros(2);
 /// number and call descriptor (four words), then the data: for small
 /// messages stamp and data share a cache line, one transfer between cores.
 const MESSAGE_HEADER_BYTES: usize = 32;
+
+/// How often a rank that follows its device's link reads the module's events:
+/// a non-blocking read, kept off the path of back-to-back small calls.
+const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
 
 /// How long a blocked rank sleeps between liveness and timeout checks: the
 /// bound on how late a dead peer is noticed, and few enough wake-ups that a
@@ -44,7 +49,9 @@ pub struct CommOptions {
     /// spin hides the wake-up latency when the peer is only slightly late.
     pub spin: Duration,
     pub chunk_policy: ChunkPolicy,
-    /// The link under this rank's ring hop; `None` on host memory.
+    /// The link under this rank's ring hop at init (`None`: host memory),
+    /// changed later with `set_link`. The pcieipc transport follows its
+    /// device's link instead, through the module's events.
     pub link: Option<LinkFacts>,
     /// How many chunks each ring step may run ahead of the next (the slack
     /// between neighbours); the windows hold in_flight + 1 chunks per step.
@@ -130,7 +137,10 @@ pub struct Communicator {
     rank: usize,
     nranks: usize,
     options: CommOptions,
-    chunk_bytes: usize,
+    /// The pcieipc transport's device link, polled between calls.
+    link_events: Option<LinkEvents>,
+    /// When `link_events` was last polled.
+    link_events_polled: Instant,
     /// Calls started so far; the current call's number while one runs.
     calls: u64,
     raw: StreamCounts,
@@ -140,6 +150,7 @@ pub struct Communicator {
     /// has been checked against our call.
     predecessor_checked: bool,
     current_call: Option<CallDescriptor>,
+    last_call: Option<CallDescriptor>,
     init_time: Duration,
 }
 
@@ -208,10 +219,14 @@ impl Communicator {
             // A message at the budget fits one window, stamp included.
             one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
         });
+        let mut link_events = None;
         let transport: Box<dyn Transport> = match options.transport {
             TransportKind::Shm => {
                 let joined = if rank == 0 {
-                    rendezvous::host(rendezvous, nranks, requested, options.join_timeout)?
+                    rendezvous::host(rendezvous, nranks, requested, options.join_timeout, || {
+                        Ok(())
+                    })?
+                    .0
                 } else {
                     rendezvous::join(rendezvous, rank, nranks, options.join_timeout)?
                 };
@@ -224,35 +239,44 @@ impl Communicator {
             }
             // Rank 0 must prepare its device's region before it admits anyone,
             // so this transport runs the rendezvous itself.
-            TransportKind::Pcieipc => Box::new(PcieipcTransport::init(
-                rendezvous,
-                rank,
-                nranks,
-                requested,
-                options.pcieipc_device,
-                options.join_timeout,
-            )?),
+            TransportKind::Pcieipc => {
+                let transport = PcieipcTransport::init(
+                    rendezvous,
+                    rank,
+                    nranks,
+                    requested,
+                    options.pcieipc_device,
+                    options.join_timeout,
+                )?;
+                link_events = transport.link_events()?;
+                Box::new(transport)
+            }
         };
+        let link = link_events
+            .as_ref()
+            .map_or(options.link, |events: &LinkEvents| Some(events.facts()));
         // Rank 0's choice: the windows were sized with it.
         let in_flight = transport.sizes().raw_slots - 1;
         let mut communicator = Communicator {
             transport,
             rank,
             nranks,
-            chunk_bytes: 0,
             options: CommOptions {
                 in_flight,
                 ..options
             },
+            link_events,
+            link_events_polled: Instant::now(),
             calls: 0,
             raw: StreamCounts::default(),
             relay: StreamCounts::default(),
             one_shot_rounds: 0,
             predecessor_checked: false,
             current_call: None,
+            last_call: None,
             init_time: Duration::ZERO,
         };
-        communicator.set_link(communicator.options.link);
+        communicator.set_link(link);
         communicator.init_time = started.elapsed();
         Ok(communicator)
     }
@@ -274,26 +298,24 @@ impl Communicator {
         self.transport.kind()
     }
 
-    /// The chunk size the next calls use.
-    pub fn chunk_bytes(&self) -> usize {
-        self.chunk_bytes
+    /// The last call this rank made, with the chunk size it moved in.
+    pub fn last_call(&self) -> Option<CallDescriptor> {
+        self.last_call
     }
 
-    /// Re-plans the chunk size for a changed link (after a link or AER event).
-    /// Every rank must make the same change between the same two calls: the
-    /// chunk size is part of what the ranks check against each other.
+    /// Publishes a changed link (after a link or AER event) for the chunk
+    /// sizes of the next calls. Any rank may call it between any two of its
+    /// calls, alone: each call's chunk is decided by one rank from every
+    /// rank's published link and adopted by the others, so a change takes
+    /// effect at the same call on every rank (the next call that rank decides).
     pub fn set_link(&mut self, link: Option<LinkFacts>) {
         self.options.link = link;
-        let slot_bytes = self.transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
-        self.chunk_bytes = self
-            .options
-            .chunk_policy
-            .chunk_bytes(link.as_ref())
-            .clamp(64, slot_bytes);
+        self.transport.publish_link(link);
     }
 
-    /// Changes how the next all_reduce calls pick their algorithm. Like
-    /// `set_link`, every rank must make the same change between the same calls.
+    /// Changes how the next all_reduce calls pick their algorithm. Every rank
+    /// must make the same change between the same calls: the algorithm is
+    /// part of what the ranks check against each other.
     pub fn set_algorithm(&mut self, algorithm: AlgorithmChoice) {
         self.options.algorithm = algorithm;
     }
@@ -445,7 +467,14 @@ impl Communicator {
     }
 
     /// Starts call number `self.calls`: refuses if the communicator has failed,
-    /// and publishes the call for the peers to check.
+    /// settles the chunk size, and publishes the call for the peers to check.
+    ///
+    /// One rank decides each call's chunk, the smallest that any rank's
+    /// published link asks for: rank 0 for the ring calls, whose descriptor
+    /// the others wait for and adopt (rank 0 cannot finish a ring call before
+    /// every rank has begun it, so its descriptor is still there), and the root
+    /// for a broadcast, whose chunk reaches the others on its messages' stamps
+    /// (a root can run calls ahead of the chain).
     fn begin(
         &mut self,
         kind: CallKind,
@@ -458,17 +487,37 @@ impl Communicator {
         if let Some(failure) = self.transport.failure() {
             return Err(failure.into());
         }
-        let element_bytes = dtype.size_bytes();
-        let call = CallDescriptor {
+        self.follow_link_events();
+        let mut call = CallDescriptor {
             kind,
             dtype,
             op,
             count: count as u64,
             root: root as u32,
             algorithm,
-            chunk_bytes: (self.chunk_bytes / element_bytes * element_bytes) as u32,
+            chunk_bytes: 0,
         };
+        // reduce_scatter's and all_gather's count is one rank's share.
+        let message_bytes = match kind {
+            CallKind::ReduceScatter | CallKind::AllGather => count * self.nranks,
+            CallKind::AllReduce | CallKind::Broadcast => count,
+        } * dtype.size_bytes();
+        let decider = match kind {
+            CallKind::Broadcast => root,
+            _ => 0,
+        };
+        if algorithm == Algorithm::Ring {
+            if self.rank == decider {
+                call.chunk_bytes = self.decide_chunk(message_bytes, dtype.size_bytes());
+            } else if kind != CallKind::Broadcast {
+                call.chunk_bytes = self.adopt_chunk(call, message_bytes)?;
+            }
+        }
         self.transport.publish_call(self.calls, call);
+        if self.rank == 0 {
+            self.transport
+                .store(0, Signal::CallsPublished, (self.calls + 1) as u32);
+        }
         self.current_call = Some(call);
         self.predecessor_checked = false;
         Ok(call)
@@ -476,8 +525,65 @@ impl Communicator {
 
     fn end(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
         self.calls += 1;
-        self.current_call = None;
+        self.last_call = self.current_call.take();
         result
+    }
+
+    /// Publishes the device link's changes since the last poll (pcieipc).
+    fn follow_link_events(&mut self) {
+        let Some(events) = &mut self.link_events else {
+            return;
+        };
+        if self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD {
+            return;
+        }
+        self.link_events_polled = Instant::now();
+        if let Some(link) = events.poll() {
+            self.set_link(Some(link));
+        }
+    }
+
+    /// The chunk for a message of `message_bytes`: the smallest any rank's
+    /// link asks for, within what a slot holds, in whole elements.
+    fn decide_chunk(&self, message_bytes: usize, element_bytes: usize) -> u32 {
+        let slot_capacity = self.transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
+        let policy = &self.options.chunk_policy;
+        let wished = (0..self.nranks)
+            .map(|rank| {
+                let link = self.transport.published_link(rank);
+                policy.chunk_bytes(link.as_ref(), message_bytes)
+            })
+            .min()
+            .unwrap_or(slot_capacity)
+            .clamp(64, slot_capacity);
+        (wished / element_bytes * element_bytes) as u32
+    }
+
+    /// Waits for rank 0 to publish this call and returns the chunk size it
+    /// decided; a different call there is a mismatch.
+    fn adopt_chunk(
+        &mut self,
+        call: CallDescriptor,
+        message_bytes: usize,
+    ) -> Result<u32, EngineError> {
+        self.wait_for(0, 0, Signal::CallsPublished, (self.calls + 1) as u32)?;
+        match self.transport.published_call(0, self.calls) {
+            Some(decided) if decided.same_call(&call) => Ok(decided.chunk_bytes),
+            Some(peer_call) => Err(self
+                .transport
+                .abort(Failure::MismatchedCall {
+                    rank: self.rank,
+                    call,
+                    peer: 0,
+                    peer_call,
+                })
+                .into()),
+            // Rank 0 already runs a later call, which only a call that needs
+            // nothing from this rank lets it do (a broadcast from rank 0): the
+            // calls differ, which the stamp on the first message received
+            // reports. Until then any chunk does.
+            None => Ok(self.decide_chunk(message_bytes, call.dtype.size_bytes())),
+        }
     }
 
     fn successor(&self) -> usize {
@@ -494,7 +600,7 @@ impl Communicator {
             return Ok(());
         };
         match self.transport.published_call(peer, self.calls) {
-            Some(peer_call) if peer_call != call => Err(self
+            Some(peer_call) if !peer_call.same_call(&call) => Err(self
                 .transport
                 .abort(Failure::MismatchedCall {
                     rank: self.rank,
@@ -521,9 +627,10 @@ impl Communicator {
     }
 
     /// Compares the stamp `peer` wrote on a slot or window it published with
-    /// our call. The stamp travels with the data, so this holds however many
-    /// calls ahead the peer has run (a broadcast chain lets it run ahead).
-    fn check_stamp(&self, peer: usize, window: *mut u8) -> Result<(), EngineError> {
+    /// our call, and returns the peer's call (with the chunk size it moves
+    /// in). The stamp travels with the data, so this holds however many calls
+    /// ahead the peer has run (a broadcast chain lets it run ahead).
+    fn check_stamp(&self, peer: usize, window: *mut u8) -> Result<CallDescriptor, EngineError> {
         let call = self
             .current_call
             .expect("stamps are only checked inside a call");
@@ -534,8 +641,10 @@ impl Communicator {
             std::ptr::copy_nonoverlapping(window.cast::<u64>().cast_const(), stamp.as_mut_ptr(), 4)
         };
         let peer_call = CallDescriptor::from_words([stamp[1], stamp[2], stamp[3]]);
-        if stamp[0] == self.calls && peer_call == Some(call) {
-            return Ok(());
+        if let Some(peer_call) =
+            peer_call.filter(|peer_call| stamp[0] == self.calls && peer_call.same_call(&call))
+        {
+            return Ok(peer_call);
         }
         // A stamp that does not decode, or the same call under another call
         // number, means the peer's sequence of calls diverged from ours.
@@ -773,6 +882,26 @@ impl Communicator {
         })
     }
 
+    /// Waits for the predecessor's first message of this call on `stream`,
+    /// checks its stamp, and takes the chunk size written on it as this
+    /// call's (a broadcast root's decision, passed down the chain).
+    fn adopt_stamped_chunk(&mut self, stream: Stream) -> Result<u32, EngineError> {
+        let predecessor = self.predecessor();
+        let received = self.counts(stream).received;
+        let (posted, _) = Self::signals(stream);
+        self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
+        let window = self.transport.window(
+            predecessor,
+            Self::window_of(stream, received % self.slots(stream)),
+        );
+        let chunk_bytes = self.check_stamp(predecessor, window)?.chunk_bytes;
+        self.predecessor_checked = true;
+        if let Some(call) = &mut self.current_call {
+            call.chunk_bytes = chunk_bytes;
+        }
+        Ok(chunk_bytes)
+    }
+
     fn release(&mut self, stream: Stream) {
         let counts = self.counts(stream);
         counts.received = counts.received.wrapping_add(1);
@@ -988,7 +1117,12 @@ impl Communicator {
         root: usize,
     ) -> Result<(), EngineError> {
         let position = (self.rank + self.nranks - root) % self.nranks;
-        let chunk_elements = (call.chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
+        let chunk_bytes = if position == 0 {
+            call.chunk_bytes
+        } else {
+            self.adopt_stamped_chunk(Stream::Raw)?
+        };
+        let chunk_elements = (chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
         let chunks = buffer.len().div_ceil(chunk_elements).max(1);
         for chunk in 0..chunks {
             let range = clip(&(0..buffer.len()), chunk, chunk_elements);

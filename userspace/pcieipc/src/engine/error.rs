@@ -36,6 +36,12 @@ pub enum EngineError {
     #[error("rank {rank} never joined the rendezvous within {waited:?}")]
     RankNeverJoined { rank: usize, waited: Duration },
 
+    #[error(
+        "rendezvous {name:?}: rank 0 failed to set up the transport before admitting the \
+         ranks (its own error says why)"
+    )]
+    HostFailed { name: String },
+
     #[error("rank {rank} joined twice (a second process claims the same rank)")]
     DuplicateRank { rank: usize },
 

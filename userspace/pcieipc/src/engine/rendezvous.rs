@@ -29,6 +29,7 @@ const WELCOME_OK: u32 = 0;
 const REFUSED_NEVER_JOINED: u32 = 1;
 const REFUSED_DUPLICATE: u32 = 2;
 const REFUSED_RANK_COUNT: u32 = 3;
+const REFUSED_HOST_FAILED: u32 = 4;
 
 /// What a rank leaves the rendezvous with.
 pub(crate) struct Joined {
@@ -79,24 +80,33 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
 
-/// Rank 0: listens, admits the other ranks, creates and hands out the segment.
-pub(crate) fn host(
+/// Rank 0: listens, runs `prepare` (what must be ready before anyone is
+/// admitted), admits the other ranks, creates and hands out the segment. If
+/// `prepare` fails, every rank that joins within `join_timeout` is told so at
+/// once (`EngineError::HostFailed`) instead of waiting out its own timeout,
+/// and rank 0 returns the failure.
+pub(crate) fn host<T>(
     name: &str,
     nranks: usize,
     sizes: WindowSizes,
     join_timeout: Duration,
-) -> Result<Joined, EngineError> {
+    prepare: impl FnOnce() -> Result<T, EngineError>,
+) -> Result<(Joined, T), EngineError> {
     let cx = Context { name };
     let started = Instant::now();
     let mut pids = vec![0u32; nranks];
     pids[0] = std::process::id();
     if nranks == 1 {
+        let prepared = prepare()?;
         let segment = shm::create_segment(nranks, sizes)?;
-        return Ok(Joined {
-            segment,
-            sizes,
-            pids,
-        });
+        return Ok((
+            Joined {
+                segment,
+                sizes,
+                pids,
+            },
+            prepared,
+        ));
     }
     let address =
         SocketAddr::from_abstract_name(socket_name(name)).map_err(cx.io("socket name"))?;
@@ -110,11 +120,16 @@ pub(crate) fn host(
         }
     })?;
     listener.set_nonblocking(true).map_err(cx.io("listen"))?;
+    let prepared = prepare();
     let mut joined: Vec<Option<UnixStream>> = (0..nranks).map(|_| None).collect();
     let mut outcome: Result<(), EngineError> = Ok(());
     while joined.iter().skip(1).any(Option::is_none) {
         let remaining = join_timeout.saturating_sub(started.elapsed());
         if remaining.is_zero() {
+            if prepared.is_err() {
+                // The ranks still missing will give up at their own timeout.
+                break;
+            }
             let missing = (1..nranks)
                 .find(|rank| joined[*rank].is_none())
                 .expect("a rank is missing");
@@ -161,9 +176,13 @@ pub(crate) fn host(
             outcome = Err(EngineError::DuplicateRank { rank });
             break;
         }
+        if prepared.is_err() {
+            refuse(&mut stream, REFUSED_HOST_FAILED, 0, 0);
+        }
         pids[rank] = u32_at(&hello, 16);
         joined[rank] = Some(stream);
     }
+    let prepared = prepared?;
     if let Err(error) = outcome {
         // Everyone who did join learns why the job cannot start.
         let (reason, rank, detail) = match &error {
@@ -204,11 +223,14 @@ pub(crate) fn host(
         )
         .map_err(|errno| cx.io("send welcome")(errno.into()))?;
     }
-    Ok(Joined {
-        segment,
-        sizes,
-        pids,
-    })
+    Ok((
+        Joined {
+            segment,
+            sizes,
+            pids,
+        },
+        prepared,
+    ))
 }
 
 fn wait_readable(listener: &UnixListener, timeout: Duration) {
@@ -313,6 +335,9 @@ pub(crate) fn join(
                 nranks,
             },
             REFUSED_DUPLICATE => EngineError::DuplicateRank { rank: about },
+            REFUSED_HOST_FAILED => EngineError::HostFailed {
+                name: name.to_owned(),
+            },
             _ => cx.protocol(0, format!("unknown welcome status {status}")),
         });
     }

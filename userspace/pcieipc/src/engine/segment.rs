@@ -13,6 +13,7 @@ use std::time::Duration;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::call::CallDescriptor;
+use super::chunk::LinkFacts;
 use super::error::EngineError;
 use super::failure::{Failure, FAILURE_WORDS};
 use super::transport::{Signal, Transport, TransportKind, Window, WindowSizes, SIGNALS};
@@ -46,6 +47,8 @@ pub(super) struct RankStatus {
     /// pcieipc: peer id + 1 of this rank's device, written before it first
     /// sleeps.
     pub(super) peer_id: AtomicU32,
+    /// `LinkFacts::to_word` of the link under this rank's ring hop.
+    link: AtomicU64,
 }
 
 #[repr(C)]
@@ -463,6 +466,24 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
 
     fn published_call(&self, owner: usize, seq: u64) -> Option<CallDescriptor> {
         self.segment.published_call(owner, seq)
+    }
+
+    fn publish_link(&self, link: Option<LinkFacts>) {
+        self.segment
+            .control(self.rank)
+            .status
+            .link
+            .store(LinkFacts::to_word(link.as_ref()), Ordering::Release);
+    }
+
+    fn published_link(&self, rank: usize) -> Option<LinkFacts> {
+        LinkFacts::from_word(
+            self.segment
+                .control(rank)
+                .status
+                .link
+                .load(Ordering::Acquire),
+        )
     }
 
     fn abort(&self, failure: Failure) -> Failure {

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use super::call::CallDescriptor;
+use super::chunk::LinkFacts;
 use super::failure::Failure;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,14 +72,18 @@ pub enum Signal {
     RelayPosted = 2,
     RelayConsumed = 3,
     OneShotPosted = 4,
+    /// Calls rank 0 has published (only rank 0's counts): its descriptor
+    /// carries each ring call's chunk size, which the other ranks adopt.
+    CallsPublished = 5,
 }
 
-pub(crate) const SIGNALS: [Signal; 5] = [
+pub(crate) const SIGNALS: [Signal; 6] = [
     Signal::RawPosted,
     Signal::RawConsumed,
     Signal::RelayPosted,
     Signal::RelayConsumed,
     Signal::OneShotPosted,
+    Signal::CallsPublished,
 ];
 
 /// The window sizes all ranks agreed on at the rendezvous.
@@ -128,6 +133,11 @@ pub trait Transport: Send {
     fn publish_call(&self, seq: u64, call: CallDescriptor);
     /// `owner`'s descriptor of its `seq`-th call, once it has published it.
     fn published_call(&self, owner: usize, seq: u64) -> Option<CallDescriptor>;
+
+    /// Publishes the link under this rank's ring hop (`None`: host memory),
+    /// from which the rank deciding a call's chunk size takes its wish.
+    fn publish_link(&self, link: Option<LinkFacts>);
+    fn published_link(&self, rank: usize) -> Option<LinkFacts>;
 
     /// Records `failure` unless another is recorded already, wakes every
     /// sleeper, and returns the failure that stands.

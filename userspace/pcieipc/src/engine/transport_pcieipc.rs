@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::error::EngineError;
+use super::link_events::LinkEvents;
 use super::rendezvous;
 use super::segment::{Layout, Segment, SegmentTransport, Signalling};
 use super::transport::{Signal, TransportKind, WindowSizes, SIGNALS};
@@ -130,8 +131,9 @@ pub(super) type PcieipcTransport = SegmentTransport<Doorbells>;
 /// mapping this keeps.
 pub(super) struct Doorbells {
     device: Device,
-    /// This rank's device: its index in /dev/pcieipc and its ivshmem peer id.
-    index: u32,
+    /// This rank's device, as /dev/pcieipc listed it.
+    mine: BoundDevice,
+    /// Its ivshmem peer id.
     peer_id: u32,
     region: MappedWindow,
     /// The interrupt count of this rank's vector that the last wait returned:
@@ -142,8 +144,8 @@ pub(super) struct Doorbells {
 impl PcieipcTransport {
     /// Sets up `rank`'s transport around the rendezvous `name`: rank 0 zeroes
     /// the control blocks of its device's region and tags it before it admits
-    /// anyone; the others map their device's BAR2 once welcomed and check the
-    /// tag.
+    /// anyone (and tells those who join if it cannot); the others map their
+    /// device's BAR2 once welcomed and check the tag.
     pub(crate) fn init(
         name: &str,
         rank: usize,
@@ -153,23 +155,28 @@ impl PcieipcTransport {
         join_timeout: Duration,
     ) -> Result<PcieipcTransport, EngineError> {
         let fail = |error: PcieipcError| EngineError::Pcieipc { rank, error };
-        let device = Device::open(DEFAULT_PATH).map_err(|source| fail(source.into()))?;
+        let open = || Device::open(DEFAULT_PATH).map_err(|source| fail(source.into()));
         if rank == 0 {
-            let unattached = Self::map(device, rank, nranks, requested, chosen).map_err(fail)?;
-            unattached.initialise(job_tag(name, std::process::id()));
-            unattached.publish_peer_id();
             // The rendezvous also creates the shm segment, sparse and never
             // mapped: this transport does not use it.
-            let joined = rendezvous::host(name, nranks, requested, join_timeout)?;
+            let (joined, unattached) =
+                rendezvous::host(name, nranks, requested, join_timeout, || {
+                    let unattached =
+                        Self::map(open()?, rank, nranks, requested, chosen).map_err(fail)?;
+                    unattached.initialise(job_tag(name, std::process::id()));
+                    unattached.publish_peer_id();
+                    Ok(unattached)
+                })?;
             unattached.watch(joined.pids)
         } else {
+            let device = open()?;
             let joined = rendezvous::join(name, rank, nranks, join_timeout)?;
             let unattached = Self::map(device, rank, nranks, joined.sizes, chosen).map_err(fail)?;
             if unattached.segment.global().job_tag.load(Ordering::Acquire)
                 != job_tag(name, joined.pids[0])
             {
                 return Err(fail(PcieipcError::ForeignRegion {
-                    device: unattached.signalling.index,
+                    device: unattached.signalling.mine.index,
                 }));
             }
             unattached.publish_peer_id();
@@ -209,15 +216,23 @@ impl PcieipcTransport {
         // layout once rank 0 has zeroed it.
         let segment = unsafe { Segment::new(base, layout) };
         let doorbells = Doorbells {
-            index: mine.index,
             peer_id: mine
                 .peer_id
                 .expect("select_device keeps devices with a peer id"),
+            mine,
             device,
             region,
             seen_interrupts: Cell::new(seen),
         };
         Ok(PcieipcTransport::new(rank, segment, doorbells))
+    }
+
+    /// Follows the link above this rank's device through the module's events.
+    pub(crate) fn link_events(&self) -> Result<Option<LinkEvents>, EngineError> {
+        LinkEvents::open(&self.signalling.mine).map_err(|error| EngineError::Pcieipc {
+            rank: self.rank,
+            error: error.into(),
+        })
     }
 
     /// Tells the peers which doorbell wakes this rank; done before it can
@@ -263,7 +278,7 @@ impl PcieipcTransport {
             let doorbells = &self.signalling;
             let _ = doorbells
                 .device
-                .ring(doorbells.index, peer_id as u16, VECTOR);
+                .ring(doorbells.mine.index, peer_id as u16, VECTOR);
         }
     }
 }
@@ -306,7 +321,7 @@ impl Signalling for Doorbells {
             let timeout = Duration::from_millis(slice.as_micros().div_ceil(1000) as u64);
             let doorbells = &transport.signalling;
             match doorbells.device.wait(
-                doorbells.index,
+                doorbells.mine.index,
                 u32::from(VECTOR),
                 doorbells.seen_interrupts.get(),
                 Some(timeout),

@@ -152,6 +152,7 @@ pub struct CudaCommunicator {
     /// Registered buffers by their address on this rank.
     registered: HashMap<u64, Registration>,
     one_shot_parity: usize,
+    last_call: Option<CallDescriptor>,
     init_time: Duration,
 }
 
@@ -212,6 +213,7 @@ impl CudaCommunicator {
             peer_staging: (0..nranks).map(|_| None).collect(),
             registered: HashMap::new(),
             one_shot_parity: 0,
+            last_call: None,
             init_time: Duration::ZERO,
             gpu,
         };
@@ -292,6 +294,12 @@ impl CudaCommunicator {
             Some(_) => PeerRead::CopyEngine,
             None => PeerRead::Direct,
         }
+    }
+
+    /// The last call's descriptor (chunk_bytes 0 on the one-shot path,
+    /// as on the host communicator).
+    pub fn last_call(&self) -> Option<CallDescriptor> {
+        self.last_call
     }
 
     pub fn chunk_bytes(&self) -> usize {
@@ -427,22 +435,28 @@ impl CudaCommunicator {
             .registered
             .get(&input)
             .is_some_and(|registration| registration.bytes >= bytes);
-        self.check_call(
-            CallDescriptor {
-                kind: CallKind::AllReduce,
-                dtype: T::DTYPE,
-                op: Some(op),
-                count: count as u64,
-                root: 0,
-                algorithm,
-                chunk_bytes: self.layout.slot_bytes as u32,
+        let call = CallDescriptor {
+            kind: CallKind::AllReduce,
+            dtype: T::DTYPE,
+            op: Some(op),
+            count: count as u64,
+            root: 0,
+            algorithm,
+            chunk_bytes: self.layout.slot_bytes as u32,
+        };
+        self.check_call(call, registered)?;
+        self.last_call = Some(CallDescriptor {
+            chunk_bytes: match algorithm {
+                Algorithm::Ring => call.chunk_bytes,
+                Algorithm::OneShot => 0,
             },
-            registered,
-        )?;
+            ..call
+        });
         if let DataPath::HostStaged { .. } = self.path {
             let mut host = vec![T::default(); count];
             source.copy_to_host(&mut host).map_err(&err)?;
             self.control.all_reduce_in_place(&mut host, op)?;
+            self.last_call = self.control.last_call();
             return Ok(Some(host));
         }
         if self.nranks == 1 || count == 0 {
