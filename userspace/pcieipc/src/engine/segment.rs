@@ -49,6 +49,10 @@ pub(super) struct RankStatus {
     pub(super) peer_id: AtomicU32,
     /// `LinkFacts::to_word` of the link under this rank's ring hop.
     link: AtomicU64,
+    /// shm: the address of this very word in this rank's process, written
+    /// by the rank itself; a peer reads it back with `process_vm_readv` to
+    /// prove it may read this rank's memory (the single-copy all-gather).
+    probe: AtomicU64,
 }
 
 #[repr(C)]
@@ -320,6 +324,10 @@ impl PeerWatch {
         Ok(PeerWatch { pidfds, pids })
     }
 
+    fn pid(&self, rank: usize) -> u32 {
+        self.pids[rank]
+    }
+
     fn dead(&self) -> Vec<(usize, u32)> {
         let watched: Vec<(usize, &OwnedFd)> = self
             .pidfds
@@ -484,6 +492,27 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
                 .link
                 .load(Ordering::Acquire),
         )
+    }
+
+    fn pid(&self, rank: usize) -> u32 {
+        self.peers.pid(rank)
+    }
+
+    fn publish_probe(&self) -> bool {
+        if S::KIND != TransportKind::Shm {
+            return false;
+        }
+        let probe = &self.segment.control(self.rank).status.probe;
+        probe.store(probe.as_ptr() as u64, Ordering::Release);
+        true
+    }
+
+    fn probe_address(&self, rank: usize) -> u64 {
+        self.segment
+            .control(rank)
+            .status
+            .probe
+            .load(Ordering::Acquire)
     }
 
     fn abort(&self, failure: Failure) -> Failure {
