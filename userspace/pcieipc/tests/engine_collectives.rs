@@ -371,8 +371,12 @@ fn large_all_reduce_on_7_ranks() {
 /// collectives that use it on the way.
 fn single_copy_chosen(role: Role) {
     let n = role.nranks;
-    let mut comm =
-        Communicator::init(&role.rendezvous, role.rank, n, small_window_options()).expect("init");
+    let options = CommOptions {
+        // Every size, so that small counts take the path too.
+        single_copy_messages: 0..=usize::MAX,
+        ..small_window_options()
+    };
+    let mut comm = Communicator::init(&role.rendezvous, role.rank, n, options).expect("init");
     assert!(
         comm.single_copy(),
         "rank {} fell back to the relay slots: can ranks read each other's memory here \
@@ -392,6 +396,7 @@ fn single_copy_chosen(role: Role) {
     )
     .expect("init with the default options");
     assert!(comm.single_copy(), "rank {}: default options", role.rank);
+    // 4 MiB + 12 bytes: inside the default single-copy message sizes.
     check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
 }
 
@@ -421,6 +426,7 @@ fn relay_fallback(role: Role, declining: &[usize]) {
     let n = role.nranks;
     let options = CommOptions {
         single_copy: !declining.contains(&role.rank),
+        single_copy_messages: 0..=usize::MAX,
         ..small_window_options()
     };
     let mut comm = Communicator::init(&role.rendezvous, role.rank, n, options).expect("init");
@@ -468,6 +474,33 @@ fn one_rank_declining_makes_all_fall_back_on_3_ranks() {
         3,
         LIMIT,
         |role| relay_fallback(role, &[1]),
+    );
+}
+
+/// Ranks that disagree on the message sizes for the single-copy path would
+/// expect addresses where data comes: they all fall back instead.
+#[test]
+fn differing_single_copy_sizes_fall_back_on_2_ranks() {
+    run_ranks(
+        "differing_single_copy_sizes_fall_back_on_2_ranks",
+        2,
+        LIMIT,
+        |role| {
+            let options = CommOptions {
+                single_copy_messages: if role.rank == 0 {
+                    0..=usize::MAX
+                } else {
+                    0..=(1 << 20)
+                },
+                ..small_window_options()
+            };
+            let mut comm =
+                Communicator::init(&role.rendezvous, role.rank, 2, options).expect("init");
+            assert!(!comm.single_copy(), "rank {}", role.rank);
+            comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
+            check_all_reduce::<i32>(&mut comm, &[PRIME], &[ReduceOp::Sum]);
+            check_all_gather::<u8>(&mut comm, 300);
+        },
     );
 }
 

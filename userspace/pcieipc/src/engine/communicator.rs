@@ -73,6 +73,12 @@ pub struct CommOptions {
     /// agree). False on any rank: every rank copies twice, through the relay
     /// slots. Other transports always use the relay slots.
     pub single_copy: bool,
+    /// The all_reduce (and reduce_scatter, all_gather) message sizes, in
+    /// bytes of the whole buffer, that take the single-copy path where it is
+    /// on: elsewhere the relay slots measured faster on the 2-core
+    /// development VM (docs/engine.md). Must be the same on every rank
+    /// (checked at init: ranks that differ all fall back to the relay slots).
+    pub single_copy_messages: std::ops::RangeInclusive<usize>,
 }
 
 impl Default for CommOptions {
@@ -90,6 +96,7 @@ impl Default for CommOptions {
             bind_cpu: None,
             pcieipc_device: None,
             single_copy: true,
+            single_copy_messages: (2 << 20)..=(16 << 20),
         }
     }
 }
@@ -160,7 +167,8 @@ pub struct Communicator {
     last_call: Option<CallDescriptor>,
     init_time: Duration,
     /// Whether the ring's all-gather reads finished chunks straight from the
-    /// predecessor's output (`process_vm_readv`): agreed by all ranks at init.
+    /// predecessor's output (`process_vm_readv`), for messages in
+    /// `options.single_copy_messages`: agreed by all ranks at init.
     single_copy: bool,
 }
 
@@ -345,7 +353,8 @@ impl Communicator {
         self.transport.kind()
     }
 
-    /// Whether the ring's all-gather copies once, each rank reading finished
+    /// Whether the ring's all-gather copies once (for messages in
+    /// `CommOptions::single_copy_messages`), each rank reading finished
     /// chunks straight from its predecessor's output with `process_vm_readv`
     /// (shm, where every rank could read its predecessor's memory at init),
     /// or twice, through the relay slots. Every rank of a communicator
@@ -655,9 +664,13 @@ impl Communicator {
         if self.nranks == 1 || self.transport.kind() != TransportKind::Shm {
             return Ok(false);
         }
+        let messages = [
+            *self.options.single_copy_messages.start() as u64,
+            *self.options.single_copy_messages.end() as u64,
+        ];
         let willing = self.options.single_copy && {
             allow_peer_reads();
-            self.transport.publish_probe()
+            self.transport.publish_probe(messages)
         };
         self.transport
             .store(self.rank, Signal::Probed, if willing { 1 } else { 3 });
@@ -665,7 +678,7 @@ impl Communicator {
         let mut able = false;
         if willing {
             self.wait_for(predecessor, predecessor, Signal::Probed, 1)?;
-            let address = self.transport.probe_address(predecessor);
+            let (address, _) = self.transport.probe(predecessor);
             if self.transport.load(predecessor, Signal::Probed) != 3 && address != 0 {
                 let mut word = [0u8; 8];
                 able = read_process(self.transport.pid(predecessor), address, &mut word).is_ok()
@@ -677,7 +690,8 @@ impl Communicator {
         let mut everyone = able;
         for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
             self.wait_for(peer, peer, Signal::Probed, 2)?;
-            everyone &= self.transport.load(peer, Signal::Probed) == 2;
+            everyone &= self.transport.load(peer, Signal::Probed) == 2
+                && self.transport.probe(peer).1 == messages;
         }
         Ok(everyone)
     }
@@ -1133,7 +1147,12 @@ impl Communicator {
         let longest = (0..n).map(|s| segment(s).len()).max().unwrap_or(0);
         let chunks = longest.div_ceil(chunk_elements).max(1);
         let lag = self.options.in_flight;
-        let single_copy = self.single_copy;
+        let message_bytes = match ring {
+            RingCall::AllReduce(_) => per_rank,
+            RingCall::ReduceScatter(_) | RingCall::AllGather => per_rank * n,
+        } * std::mem::size_of::<T>();
+        let single_copy =
+            self.single_copy && self.options.single_copy_messages.contains(&message_bytes);
         let mut addresses_sent = false;
         // The last reduce-scatter step, after which this rank owns a reduced segment.
         let last_reduce = match ring {

@@ -53,6 +53,9 @@ pub(super) struct RankStatus {
     /// by the rank itself; a peer reads it back with `process_vm_readv` to
     /// prove it may read this rank's memory (the single-copy all-gather).
     probe: AtomicU64,
+    /// shm: the message sizes (first, last) for which the rank reads
+    /// finished chunks straight from its predecessor, written before `probe`.
+    single_copy_messages: [AtomicU64; 2],
 }
 
 #[repr(C)]
@@ -498,21 +501,25 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
         self.peers.pid(rank)
     }
 
-    fn publish_probe(&self) -> bool {
+    fn publish_probe(&self, messages: [u64; 2]) -> bool {
         if S::KIND != TransportKind::Shm {
             return false;
         }
-        let probe = &self.segment.control(self.rank).status.probe;
-        probe.store(probe.as_ptr() as u64, Ordering::Release);
+        let status = &self.segment.control(self.rank).status;
+        for (word, value) in status.single_copy_messages.iter().zip(messages) {
+            word.store(value, Ordering::Relaxed);
+        }
+        status
+            .probe
+            .store(status.probe.as_ptr() as u64, Ordering::Release);
         true
     }
 
-    fn probe_address(&self, rank: usize) -> u64 {
-        self.segment
-            .control(rank)
-            .status
-            .probe
-            .load(Ordering::Acquire)
+    fn probe(&self, rank: usize) -> (u64, [u64; 2]) {
+        let status = &self.segment.control(rank).status;
+        let address = status.probe.load(Ordering::Acquire);
+        let messages = [0, 1].map(|at| status.single_copy_messages[at].load(Ordering::Relaxed));
+        (address, messages)
     }
 
     fn abort(&self, failure: Failure) -> Failure {
