@@ -61,7 +61,17 @@ impl Collective for Communicator {
         let kind = self.transport_kind();
         match (kind, self.single_copy()) {
             (TransportKind::Shm, true) => {
-                "transport shm, all-gather single-copy (process_vm_readv)".to_owned()
+                let messages = self.single_copy_messages();
+                let size = |bytes: usize| match bytes {
+                    usize::MAX => "any size".to_owned(),
+                    _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
+                    _ => format!("{} KiB", bytes >> 10),
+                };
+                format!(
+                    "transport shm, all-gather single-copy (process_vm_readv) for {} to {} messages",
+                    size(*messages.start()),
+                    size(*messages.end())
+                )
             }
             (TransportKind::Shm, false) => {
                 "transport shm, all-gather through relay slots (two copies)".to_owned()

@@ -363,6 +363,12 @@ impl Communicator {
         self.single_copy
     }
 
+    /// The message sizes (bytes of the whole buffer) that take the
+    /// single-copy path while `single_copy()` holds.
+    pub fn single_copy_messages(&self) -> std::ops::RangeInclusive<usize> {
+        self.options.single_copy_messages.clone()
+    }
+
     /// The last call this rank made, with the chunk size it moved in.
     pub fn last_call(&self) -> Option<CallDescriptor> {
         self.last_call
