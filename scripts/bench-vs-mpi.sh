@@ -11,6 +11,9 @@
 #      the whole wait, and MPI (which polls).
 #
 # Usage: scripts/bench-vs-mpi.sh            (REPEAT=3 ITERS=20 LATE_MS=500 by default)
+#        RELAY=1 scripts/bench-vs-mpi.sh    also runs pcieipc with --single-copy off (the
+#                                           two-copy relay all-gather), alternating with the
+#                                           others, and prints it as a third column
 # Needs: cargo, mpicc, mpirun (apt-get install openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,7 @@ REPEAT=${REPEAT:-3}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 LATE_MS=${LATE_MS:-500}
+RELAY=${RELAY:-0}
 MIN_BYTES=65536
 MAX_BYTES=268435456
 
@@ -51,11 +55,18 @@ for run in $(seq "$REPEAT"); do
     "$pcieipc" bench -b $MIN_BYTES -e $MAX_BYTES -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
         >"$work/pcieipc-$run.json"
     mpi $MIN_BYTES $MAX_BYTES 2 "$ITERS" "$WARMUP" >"$work/mpi-$run.txt"
+    if [ "$RELAY" = 1 ]; then
+        "$pcieipc" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --single-copy off --json \
+            >"$work/relay-8-$run.json"
+        "$pcieipc" bench -b $MIN_BYTES -e $MAX_BYTES -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 \
+            --single-copy off --json >"$work/relay-$run.json"
+    fi
 done
 
-python3 - "$work" "$REPEAT" <<'EOF'
+python3 - "$work" "$REPEAT" "$RELAY" <<'EOF'
 import json, sys
-work, repeat = sys.argv[1], int(sys.argv[2])
+work, repeat, relay = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+paths = set()
 
 try:
     import jsonschema
@@ -70,6 +81,7 @@ def pcieipc(name):
         report = json.load(open(f"{work}/{name}-{run}.json"))
         if jsonschema:
             jsonschema.validate(report, schema)
+        paths.add(report.get("path", report["transport"]))
         if report["wrong"]:
             sys.exit(f"pcieipc bench reported {report['wrong']} wrong values")
         for row in report["results"]:
@@ -99,6 +111,7 @@ def mpi(name):
     return best
 
 ours8, theirs8 = pcieipc("pcieipc-8"), mpi("mpi-8")
+print(f"\n# pcieipc: {'; '.join(sorted(paths))}")
 print(f"\n# 8-byte all_reduce latency, best of {repeat} runs of 10000 (us)")
 print(f"#            pcieipc oop   MPI oop   pcieipc ip    MPI ip")
 print(f"{'8 B':>12} {ours8[8][0]:>12.2f} {theirs8[8][0]:>9.2f} {ours8[8][2]:>12.2f} {theirs8[8][2]:>9.2f}")
@@ -115,6 +128,16 @@ for size in sorted(ours):
     worst = min(worst or r_oop, r_oop, r_ip)
     print(f"{size:>12} {o[1]:>13.2f} {m[1]:>9.2f} {r_oop:>6.2f} {o[3]:>12.2f} {m[3]:>9.2f} {r_ip:>6.2f}")
 print(f"# lowest ratio: {worst:.2f}")
+
+if relay:
+    relay8, relays = pcieipc("relay-8"), pcieipc("relay")
+    print(f"\n# pcieipc --single-copy off (two-copy relay all-gather), same runs; ratio = relay / MPI")
+    print(f"{'8 B (us)':>12} {relay8[8][0]:>13.2f} {'':>9} {'':>6} {relay8[8][2]:>12.2f}")
+    for size in sorted(relays):
+        o, m = relays[size], theirs.get(size)
+        if m is None:
+            continue
+        print(f"{size:>12} {o[1]:>13.2f} {m[1]:>9.2f} {o[1] / m[1]:>6.2f} {o[3]:>12.2f} {m[3]:>9.2f} {o[3] / m[3]:>6.2f}")
 EOF
 
 echo

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, PeerRead};
-use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
+use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp, TransportKind};
 
 pub trait Collective {
     /// A buffer of `T` where this communicator reduces.
@@ -58,7 +58,26 @@ impl Collective for Communicator {
     }
 
     fn describe(&self) -> String {
-        format!("transport {}", self.transport_kind().name())
+        let kind = self.transport_kind();
+        match (kind, self.single_copy()) {
+            (TransportKind::Shm, true) => {
+                let messages = self.single_copy_messages();
+                let size = |bytes: usize| match bytes {
+                    usize::MAX => "any size".to_owned(),
+                    _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
+                    _ => format!("{} KiB", bytes >> 10),
+                };
+                format!(
+                    "transport shm, all-gather single-copy (process_vm_readv) for {} to {} messages",
+                    size(*messages.start()),
+                    size(*messages.end())
+                )
+            }
+            (TransportKind::Shm, false) => {
+                "transport shm, all-gather through relay slots (two copies)".to_owned()
+            }
+            _ => format!("transport {}", kind.name()),
+        }
     }
 
     fn transport_name(&self) -> &'static str {

@@ -101,6 +101,11 @@ pub struct Args {
     /// Microseconds a waiting rank spins before it sleeps on the futex.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
+    /// shm: `auto` lets the ring's all-gather read finished chunks straight
+    /// from the predecessor's buffer (process_vm_readv) where every rank may;
+    /// `off` copies them twice, through the relay slots.
+    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
+    single_copy: String,
     /// With --transport cuda: how a reduce step reads the predecessor's
     /// chunk: `direct` (the kernel loads peer memory) or `copy-engine` (a
     /// copy into local memory first).
@@ -220,6 +225,7 @@ fn options(args: &Args, rank: usize) -> CommOptions {
         in_flight: args.in_flight.unwrap_or(defaults.in_flight),
         one_shot_read_budget: args.one_shot_bytes.unwrap_or(defaults.one_shot_read_budget),
         spin: args.spin_us.map_or(defaults.spin, Duration::from_micros),
+        single_copy: args.single_copy == "auto",
         ..defaults
     }
 }
@@ -581,6 +587,7 @@ fn sweep<C: Collective, T: BenchElement>(
                 "collective": "all_reduce",
                 "nranks": nranks,
                 "transport": comm.transport_name(),
+                "path": comm.describe(),
                 "datatype": dtype,
                 "op": op,
                 "iters": args.iters,

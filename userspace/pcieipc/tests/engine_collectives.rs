@@ -365,6 +365,145 @@ fn large_all_reduce_on_7_ranks() {
     run_ranks("large_all_reduce_on_7_ranks", 7, LIMIT, large_subset);
 }
 
+/// The single-copy all-gather is the path on this host: if the init probe
+/// (every rank reading its predecessor's memory with process_vm_readv)
+/// silently always fell back to the relay slots, this fails. It checks the
+/// collectives that use it on the way.
+fn single_copy_chosen(role: Role) {
+    let n = role.nranks;
+    let options = CommOptions {
+        // Every size, so that small counts take the path too.
+        single_copy_messages: 0..=usize::MAX,
+        ..small_window_options()
+    };
+    let mut comm = Communicator::init(&role.rendezvous, role.rank, n, options).expect("init");
+    assert!(
+        comm.single_copy(),
+        "rank {} fell back to the relay slots: can ranks read each other's memory here \
+         (Yama ptrace_scope, seccomp)?",
+        role.rank
+    );
+    comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
+    check_all_reduce::<f32>(&mut comm, &[0, 1, n + 1, PRIME], &[ReduceOp::Sum]);
+    check_all_reduce::<i64>(&mut comm, &[PRIME], &[ReduceOp::Prod, ReduceOp::Avg]);
+    check_all_gather::<u8>(&mut comm, 300);
+    check_reduce_scatter::<i32>(&mut comm, 300, ReduceOp::Max);
+    let mut comm = Communicator::init(
+        &format!("{}-default", role.rendezvous),
+        role.rank,
+        n,
+        CommOptions::default(),
+    )
+    .expect("init with the default options");
+    assert!(comm.single_copy(), "rank {}: default options", role.rank);
+    // 4 MiB + 12 bytes: inside the default single-copy message sizes.
+    check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
+}
+
+#[test]
+fn single_copy_is_chosen_on_2_ranks() {
+    run_ranks(
+        "single_copy_is_chosen_on_2_ranks",
+        2,
+        LIMIT,
+        single_copy_chosen,
+    );
+}
+
+#[test]
+fn single_copy_is_chosen_on_3_ranks() {
+    run_ranks(
+        "single_copy_is_chosen_on_3_ranks",
+        3,
+        LIMIT,
+        single_copy_chosen,
+    );
+}
+
+/// With `single_copy: false` on `declining` ranks (all or one), every rank
+/// falls back to the two-copy relay path, and the results stay exact.
+fn relay_fallback(role: Role, declining: &[usize]) {
+    let n = role.nranks;
+    let options = CommOptions {
+        single_copy: !declining.contains(&role.rank),
+        single_copy_messages: 0..=usize::MAX,
+        ..small_window_options()
+    };
+    let mut comm = Communicator::init(&role.rendezvous, role.rank, n, options).expect("init");
+    assert!(
+        !comm.single_copy(),
+        "rank {} reads its predecessor's memory though ranks {declining:?} declined",
+        role.rank
+    );
+    comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
+    check_every_dtype(
+        &mut comm,
+        &[0, 1, n - 1, n + 1, PRIME],
+        &[ReduceOp::Sum, ReduceOp::Max],
+    );
+    for per_rank in [0, 1, 300] {
+        check_all_gather::<f64>(&mut comm, per_rank);
+        check_reduce_scatter::<f32>(&mut comm, per_rank, ReduceOp::Sum);
+    }
+    let mut comm = Communicator::init(
+        &format!("{}-default", role.rendezvous),
+        role.rank,
+        n,
+        CommOptions {
+            single_copy: !declining.contains(&role.rank),
+            ..CommOptions::default()
+        },
+    )
+    .expect("init with the default options");
+    assert!(!comm.single_copy(), "rank {}: default options", role.rank);
+    check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
+    check_all_reduce::<i32>(&mut comm, &[LARGE], &[ReduceOp::Max]);
+}
+
+#[test]
+fn relay_fallback_is_exact_on_2_ranks() {
+    run_ranks("relay_fallback_is_exact_on_2_ranks", 2, LIMIT, |role| {
+        relay_fallback(role, &[0, 1])
+    });
+}
+
+#[test]
+fn one_rank_declining_makes_all_fall_back_on_3_ranks() {
+    run_ranks(
+        "one_rank_declining_makes_all_fall_back_on_3_ranks",
+        3,
+        LIMIT,
+        |role| relay_fallback(role, &[1]),
+    );
+}
+
+/// Ranks that disagree on the message sizes for the single-copy path would
+/// expect addresses where data comes: they all fall back instead.
+#[test]
+fn differing_single_copy_sizes_fall_back_on_2_ranks() {
+    run_ranks(
+        "differing_single_copy_sizes_fall_back_on_2_ranks",
+        2,
+        LIMIT,
+        |role| {
+            let options = CommOptions {
+                single_copy_messages: if role.rank == 0 {
+                    0..=usize::MAX
+                } else {
+                    0..=(1 << 20)
+                },
+                ..small_window_options()
+            };
+            let mut comm =
+                Communicator::init(&role.rendezvous, role.rank, 2, options).expect("init");
+            assert!(!comm.single_copy(), "rank {}", role.rank);
+            comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
+            check_all_reduce::<i32>(&mut comm, &[PRIME], &[ReduceOp::Sum]);
+            check_all_gather::<u8>(&mut comm, 300);
+        },
+    );
+}
+
 #[test]
 fn single_rank_is_a_copy() {
     let mut comm =

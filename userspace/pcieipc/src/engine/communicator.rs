@@ -67,6 +67,18 @@ pub struct CommOptions {
     /// The pcieipc transport's device: this index of /dev/pcieipc; `None`
     /// takes the rank-th bound ivshmem-doorbell device.
     pub pcieipc_device: Option<u32>,
+    /// shm: let the ring's all-gather copy each finished chunk once, straight
+    /// from the predecessor's output with `process_vm_readv`, where every
+    /// rank may read its predecessor's memory (probed at init; all ranks
+    /// agree). False on any rank: every rank copies twice, through the relay
+    /// slots. Other transports always use the relay slots.
+    pub single_copy: bool,
+    /// The all_reduce (and reduce_scatter, all_gather) message sizes, in
+    /// bytes of the whole buffer, that take the single-copy path where it is
+    /// on: elsewhere the relay slots measured faster on the 2-core
+    /// development VM (docs/engine.md). Must be the same on every rank
+    /// (checked at init: ranks that differ all fall back to the relay slots).
+    pub single_copy_messages: std::ops::RangeInclusive<usize>,
 }
 
 impl Default for CommOptions {
@@ -83,6 +95,8 @@ impl Default for CommOptions {
             one_shot_read_budget: 64 << 10,
             bind_cpu: None,
             pcieipc_device: None,
+            single_copy: true,
+            single_copy_messages: (2 << 20)..=(16 << 20),
         }
     }
 }
@@ -152,6 +166,10 @@ pub struct Communicator {
     current_call: Option<CallDescriptor>,
     last_call: Option<CallDescriptor>,
     init_time: Duration,
+    /// Whether the ring's all-gather reads finished chunks straight from the
+    /// predecessor's output (`process_vm_readv`), for messages in
+    /// `options.single_copy_messages`: agreed by all ranks at init.
+    single_copy: bool,
 }
 
 /// Element range `s` of `count` split into `parts` near-equal parts (the first
@@ -186,6 +204,41 @@ fn bind_to_cpu(cpu: usize) -> Result<(), EngineError> {
             cpu,
             source: std::io::Error::last_os_error(),
         });
+    }
+    Ok(())
+}
+
+/// Lets any process of ours read this one's memory under Yama's
+/// ptrace_scope 1 (without Yama the call fails, and nothing needs allowing).
+fn allow_peer_reads() {
+    // SAFETY: PR_SET_PTRACER takes a pid or PR_SET_PTRACER_ANY and touches
+    // no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
+    }
+}
+
+/// Copies `local.len()` bytes at `remote` in process `pid` into `local`.
+fn read_process(pid: u32, remote: u64, local: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < local.len() {
+        let local_iov = libc::iovec {
+            iov_base: local[done..].as_mut_ptr().cast(),
+            iov_len: local.len() - done,
+        };
+        let remote_iov = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: local.len() - done,
+        };
+        // SAFETY: the local iovec covers the rest of `local`, which we hold
+        // mutably; the remote one is only read, by the kernel, which checks it.
+        let read =
+            unsafe { libc::process_vm_readv(pid as libc::pid_t, &local_iov, 1, &remote_iov, 1, 0) };
+        match read {
+            ..0 => return Err(std::io::Error::last_os_error()),
+            0 => return Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
+            read => done += read as usize,
+        }
     }
     Ok(())
 }
@@ -275,8 +328,10 @@ impl Communicator {
             current_call: None,
             last_call: None,
             init_time: Duration::ZERO,
+            single_copy: false,
         };
         communicator.set_link(link);
+        communicator.single_copy = communicator.agree_on_single_copy()?;
         communicator.init_time = started.elapsed();
         Ok(communicator)
     }
@@ -296,6 +351,22 @@ impl Communicator {
 
     pub fn transport_kind(&self) -> TransportKind {
         self.transport.kind()
+    }
+
+    /// Whether the ring's all-gather copies once (for messages in
+    /// `CommOptions::single_copy_messages`), each rank reading finished
+    /// chunks straight from its predecessor's output with `process_vm_readv`
+    /// (shm, where every rank could read its predecessor's memory at init),
+    /// or twice, through the relay slots. Every rank of a communicator
+    /// reports the same.
+    pub fn single_copy(&self) -> bool {
+        self.single_copy
+    }
+
+    /// The message sizes (bytes of the whole buffer) that take the
+    /// single-copy path while `single_copy()` holds.
+    pub fn single_copy_messages(&self) -> std::ops::RangeInclusive<usize> {
+        self.options.single_copy_messages.clone()
     }
 
     /// The last call this rank made, with the chunk size it moved in.
@@ -584,6 +655,110 @@ impl Communicator {
             // reports. Until then any chunk does.
             None => Ok(self.decide_chunk(message_bytes, call.dtype.size_bytes())),
         }
+    }
+
+    /// Decides, with every other rank, whether the ring's all-gather reads
+    /// straight from the predecessor's memory. Each rank publishes a probe
+    /// word (its own address in its process), reads its predecessor's back
+    /// with `process_vm_readv`, and posts whether that worked; the path is
+    /// single-copy only if it worked for every rank. Under Yama's
+    /// ptrace_scope 1 a peer may only read us once we allow it, which the
+    /// rank does first; ptrace_scope 2 or 3, a container's seccomp policy or a
+    /// rank started with `single_copy: false` make every rank fall back to
+    /// the relay slots.
+    fn agree_on_single_copy(&mut self) -> Result<bool, EngineError> {
+        if self.nranks == 1 || self.transport.kind() != TransportKind::Shm {
+            return Ok(false);
+        }
+        let messages = [
+            *self.options.single_copy_messages.start() as u64,
+            *self.options.single_copy_messages.end() as u64,
+        ];
+        let willing = self.options.single_copy && {
+            allow_peer_reads();
+            self.transport.publish_probe(messages)
+        };
+        self.transport
+            .store(self.rank, Signal::Probed, if willing { 1 } else { 3 });
+        let predecessor = self.predecessor();
+        let mut able = false;
+        if willing {
+            self.wait_for(predecessor, predecessor, Signal::Probed, 1)?;
+            let (address, _) = self.transport.probe(predecessor);
+            if self.transport.load(predecessor, Signal::Probed) != 3 && address != 0 {
+                let mut word = [0u8; 8];
+                able = read_process(self.transport.pid(predecessor), address, &mut word).is_ok()
+                    && u64::from_ne_bytes(word) == address;
+            }
+        }
+        self.transport
+            .store(self.rank, Signal::Probed, if able { 2 } else { 3 });
+        let mut everyone = able;
+        for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
+            self.wait_for(peer, peer, Signal::Probed, 2)?;
+            everyone &= self.transport.load(peer, Signal::Probed) == 2
+                && self.transport.probe(peer).1 == messages;
+        }
+        Ok(everyone)
+    }
+
+    /// Reads `output.len()` elements at `address` in `owner`'s process into
+    /// `output` (single-copy all-gather). The owner keeps the memory as it is
+    /// until we acknowledge the message that named it. A read that fails
+    /// means the owner is exiting (`ESRCH` once its memory is gone): the
+    /// liveness checks then name it, as they do for any wait.
+    fn read_peer<T: Element>(
+        &self,
+        owner: usize,
+        address: u64,
+        output: &mut [T],
+    ) -> Result<(), EngineError> {
+        // SAFETY: any bit pattern is a valid `Element` (plain numbers), so
+        // the output may be written as bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                output.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(output),
+            )
+        };
+        if read_process(self.transport.pid(owner), address, bytes).is_ok() {
+            return Ok(());
+        }
+        let transport = &*self.transport;
+        let started = Instant::now();
+        loop {
+            if let Some(failure) = transport.failure() {
+                return Err(failure.into());
+            }
+            if let Some((rank, pid)) = transport
+                .dead_peers()
+                .into_iter()
+                .find(|(rank, _)| !transport.departed(*rank))
+            {
+                return Err(transport.abort(Failure::PeerDied { rank, pid }).into());
+            }
+            if transport.departed(owner) {
+                return Err(transport.abort(Failure::PeerLeft { rank: owner }).into());
+            }
+            let waited = started.elapsed();
+            if waited >= self.options.peer_timeout {
+                return Err(transport
+                    .abort(Failure::PeerUnresponsive {
+                        rank: owner,
+                        waited,
+                    })
+                    .into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Sends the address of `chunk` (finished, in this rank's output) on the
+    /// relay stream, for the successor to read in place.
+    fn send_address<T>(&mut self, chunk: &[T]) -> Result<(), EngineError> {
+        let slot = self.send_slot::<i64>(Stream::Relay, 1)?;
+        slot[0] = chunk.as_ptr() as i64;
+        Ok(())
     }
 
     fn successor(&self) -> usize {
@@ -978,6 +1153,13 @@ impl Communicator {
         let longest = (0..n).map(|s| segment(s).len()).max().unwrap_or(0);
         let chunks = longest.div_ceil(chunk_elements).max(1);
         let lag = self.options.in_flight;
+        let message_bytes = match ring {
+            RingCall::AllReduce(_) => per_rank,
+            RingCall::ReduceScatter(_) | RingCall::AllGather => per_rank * n,
+        } * std::mem::size_of::<T>();
+        let single_copy =
+            self.single_copy && self.options.single_copy_messages.contains(&message_bytes);
+        let mut addresses_sent = false;
         // The last reduce-scatter step, after which this rank owns a reduced segment.
         let last_reduce = match ring {
             RingCall::AllReduce(_) | RingCall::ReduceScatter(_) => Some(n - 2),
@@ -1001,9 +1183,32 @@ impl Communicator {
                 let s = sent_segment(self.predecessor(), k);
                 let full = clip(&segment(s), chunk, chunk_elements);
                 let len = full.len();
-                let incoming = self.receive::<T>(stream, len)?;
                 let forward = k + 1 < steps;
                 let reducing = last_reduce.is_some_and(|last| k <= last);
+                // Single copy: a finished chunk (reduced, or gathered) is
+                // forwarded as its address in the sender's output, which the
+                // successor reads from there; partial sums still travel in
+                // the relay slots.
+                let finished_out =
+                    single_copy && forward && last_reduce.is_none_or(|last| k >= last);
+                let finished_in = single_copy && k >= 1 && last_reduce.is_none_or(|last| k > last);
+                if finished_in {
+                    let address = self.receive::<i64>(stream, 1)?[0] as u64;
+                    let out_range = clip(&output_range(s), chunk, chunk_elements);
+                    self.read_peer(
+                        self.predecessor(),
+                        address,
+                        &mut buffers.output()[out_range.clone()],
+                    )?;
+                    if forward {
+                        self.send_address(&buffers.output()[out_range])?;
+                        self.post(Stream::Relay);
+                        addresses_sent = true;
+                    }
+                    self.release(stream);
+                    continue;
+                }
+                let incoming = self.receive::<T>(stream, len)?;
                 if reducing && Some(k) != last_reduce {
                     let op = op.expect("reduce steps have an op");
                     let own = &buffers.input()[clip(&input_range(s), chunk, chunk_elements)];
@@ -1031,7 +1236,10 @@ impl Communicator {
                     } else {
                         buffers.output()[out_range.clone()].copy_from_slice(incoming);
                     }
-                    if forward {
+                    if finished_out {
+                        self.send_address(&buffers.output()[out_range])?;
+                        addresses_sent = true;
+                    } else if forward {
                         let slot = self.send_slot::<T>(Stream::Relay, len)?;
                         slot.copy_from_slice(&buffers.output()[out_range]);
                     }
@@ -1040,6 +1248,19 @@ impl Communicator {
                     self.post(Stream::Relay);
                 }
                 self.release(stream);
+            }
+        }
+        if addresses_sent {
+            // The successor reads from our output until it acknowledges the
+            // last address we sent: only then may the caller have it back.
+            let sent = self.relay.sent;
+            self.wait_for(self.successor(), self.rank, Signal::RelayConsumed, sent)?;
+        }
+        if single_copy {
+            // A predecessor that failed (and returned) before we read from
+            // it recorded the failure first: what we read may be stale.
+            if let Some(failure) = self.transport.failure() {
+                return Err(failure.into());
             }
         }
         Ok(())

@@ -49,6 +49,13 @@ pub(super) struct RankStatus {
     pub(super) peer_id: AtomicU32,
     /// `LinkFacts::to_word` of the link under this rank's ring hop.
     link: AtomicU64,
+    /// shm: the address of this very word in this rank's process, written
+    /// by the rank itself; a peer reads it back with `process_vm_readv` to
+    /// prove it may read this rank's memory (the single-copy all-gather).
+    probe: AtomicU64,
+    /// shm: the message sizes (first, last) for which the rank reads
+    /// finished chunks straight from its predecessor, written before `probe`.
+    single_copy_messages: [AtomicU64; 2],
 }
 
 #[repr(C)]
@@ -320,6 +327,10 @@ impl PeerWatch {
         Ok(PeerWatch { pidfds, pids })
     }
 
+    fn pid(&self, rank: usize) -> u32 {
+        self.pids[rank]
+    }
+
     fn dead(&self) -> Vec<(usize, u32)> {
         let watched: Vec<(usize, &OwnedFd)> = self
             .pidfds
@@ -484,6 +495,31 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
                 .link
                 .load(Ordering::Acquire),
         )
+    }
+
+    fn pid(&self, rank: usize) -> u32 {
+        self.peers.pid(rank)
+    }
+
+    fn publish_probe(&self, messages: [u64; 2]) -> bool {
+        if S::KIND != TransportKind::Shm {
+            return false;
+        }
+        let status = &self.segment.control(self.rank).status;
+        for (word, value) in status.single_copy_messages.iter().zip(messages) {
+            word.store(value, Ordering::Relaxed);
+        }
+        status
+            .probe
+            .store(status.probe.as_ptr() as u64, Ordering::Release);
+        true
+    }
+
+    fn probe(&self, rank: usize) -> (u64, [u64; 2]) {
+        let status = &self.segment.control(rank).status;
+        let address = status.probe.load(Ordering::Acquire);
+        let messages = [0, 1].map(|at| status.single_copy_messages[at].load(Ordering::Relaxed));
+        (address, messages)
     }
 
     fn abort(&self, failure: Failure) -> Failure {

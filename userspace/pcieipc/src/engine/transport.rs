@@ -75,15 +75,20 @@ pub enum Signal {
     /// Calls rank 0 has published (only rank 0's counts): its descriptor
     /// carries each ring call's chunk size, which the other ranks adopt.
     CallsPublished = 5,
+    /// The single-copy probe at init (shm): 1 once this rank has published
+    /// its probe word, then 2 if it read its predecessor's back with
+    /// `process_vm_readv`, 3 if it could not or would not.
+    Probed = 6,
 }
 
-pub(crate) const SIGNALS: [Signal; 6] = [
+pub(crate) const SIGNALS: [Signal; 7] = [
     Signal::RawPosted,
     Signal::RawConsumed,
     Signal::RelayPosted,
     Signal::RelayConsumed,
     Signal::OneShotPosted,
     Signal::CallsPublished,
+    Signal::Probed,
 ];
 
 /// The window sizes all ranks agreed on at the rendezvous.
@@ -138,6 +143,25 @@ pub trait Transport: Send {
     /// from which the rank deciding a call's chunk size takes its wish.
     fn publish_link(&self, link: Option<LinkFacts>);
     fn published_link(&self, rank: usize) -> Option<LinkFacts>;
+
+    /// The pid of `rank`'s process.
+    fn pid(&self, rank: usize) -> u32;
+
+    /// Single-copy reads: publishes, in this rank's control block, the
+    /// address in this process of that very word, for a peer to read back
+    /// from this process with `process_vm_readv` and so prove that it may.
+    /// `messages` (the range of message sizes for which this rank would
+    /// read straight from peers) goes with it, for the ranks to check that
+    /// they agree. False (and nothing published) where peers must not read
+    /// this process's memory: every transport but shm.
+    fn publish_probe(&self, _messages: [u64; 2]) -> bool {
+        false
+    }
+    /// The address and the message range `rank` published with
+    /// `publish_probe` (address 0 while none).
+    fn probe(&self, _rank: usize) -> (u64, [u64; 2]) {
+        (0, [0, 0])
+    }
 
     /// Records `failure` unless another is recorded already, wakes every
     /// sleeper, and returns the failure that stands.
