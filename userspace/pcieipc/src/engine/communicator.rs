@@ -1027,6 +1027,19 @@ impl Communicator {
         self.transport.store(self.rank, posted, sent);
     }
 
+    /// Waits for the predecessor's next message on `stream` and returns the
+    /// slot that holds it.
+    fn next_from_predecessor(&mut self, stream: Stream) -> Result<*mut u8, EngineError> {
+        let predecessor = self.predecessor();
+        let received = self.counts(stream).received;
+        let (posted, _) = Self::signals(stream);
+        self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
+        Ok(self.transport.window(
+            predecessor,
+            Self::window_of(stream, received % self.slots(stream)),
+        ))
+    }
+
     /// Waits for the predecessor's next message on `stream` and returns it
     /// as `len` elements.
     fn receive<'a, T: Element>(
@@ -1035,13 +1048,7 @@ impl Communicator {
         len: usize,
     ) -> Result<&'a [T], EngineError> {
         let predecessor = self.predecessor();
-        let received = self.counts(stream).received;
-        let (posted, _) = Self::signals(stream);
-        self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
-        let window = self.transport.window(
-            predecessor,
-            Self::window_of(stream, received % self.slots(stream)),
-        );
+        let window = self.next_from_predecessor(stream)?;
         if !self.predecessor_checked {
             self.check_stamp(predecessor, window)?;
             self.predecessor_checked = true;
@@ -1062,13 +1069,7 @@ impl Communicator {
     /// call's (a broadcast root's decision, passed down the chain).
     fn adopt_stamped_chunk(&mut self, stream: Stream) -> Result<u32, EngineError> {
         let predecessor = self.predecessor();
-        let received = self.counts(stream).received;
-        let (posted, _) = Self::signals(stream);
-        self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
-        let window = self.transport.window(
-            predecessor,
-            Self::window_of(stream, received % self.slots(stream)),
-        );
+        let window = self.next_from_predecessor(stream)?;
         let chunk_bytes = self.check_stamp(predecessor, window)?.chunk_bytes;
         self.predecessor_checked = true;
         if let Some(call) = &mut self.current_call {
