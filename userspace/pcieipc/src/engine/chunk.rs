@@ -75,7 +75,7 @@ pub struct ChunkPolicy {
 }
 
 /// How many message-size steps the host-memory chunk has.
-pub const HOST_MEMORY_STEPS: usize = 2;
+pub const HOST_MEMORY_STEPS: usize = 3;
 
 impl Default for ChunkPolicy {
     fn default() -> ChunkPolicy {
@@ -85,12 +85,18 @@ impl Default for ChunkPolicy {
             degraded: 512 << 10,
             slow: 64 << 10,
             // Measured on the 2-core development VM, 2 ranks (docs/engine.md):
-            // up to 1 MiB the best chunks were 128–512 KiB, above it 512 KiB
-            // (16 MiB: 6.0 / 6.7 GB/s against 4.1 / 5.0 at 32 KiB).
+            // up to 1 MiB the best chunks were 128–512 KiB; from 2 to 16 MiB,
+            // where the all-gather reads single-copy, 1 MiB (8 MiB in place:
+            // 8.0 GB/s against 6.8 at 512 KiB); above, through the relay
+            // slots, 512 KiB (16 MiB: 6.0 / 6.7 GB/s against 4.1 / 5.0 at 32 KiB).
             host_memory: [
                 SizeStep {
                     up_to_bytes: 1 << 20,
                     chunk_bytes: 256 << 10,
+                },
+                SizeStep {
+                    up_to_bytes: 16 << 20,
+                    chunk_bytes: 1 << 20,
                 },
                 SizeStep {
                     up_to_bytes: usize::MAX,
@@ -180,7 +186,9 @@ mod tests {
         let policy = ChunkPolicy::default();
         assert_eq!(policy.chunk_bytes(None, 0), 256 << 10);
         assert_eq!(policy.chunk_bytes(None, 1 << 20), 256 << 10);
-        assert_eq!(policy.chunk_bytes(None, (1 << 20) + 1), 512 << 10);
+        assert_eq!(policy.chunk_bytes(None, (1 << 20) + 1), 1 << 20);
+        assert_eq!(policy.chunk_bytes(None, 16 << 20), 1 << 20);
+        assert_eq!(policy.chunk_bytes(None, (16 << 20) + 1), 512 << 10);
         assert_eq!(policy.chunk_bytes(None, usize::MAX), 512 << 10);
     }
 
