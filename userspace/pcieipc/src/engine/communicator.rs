@@ -640,15 +640,7 @@ impl Communicator {
         self.wait_for(0, 0, Signal::CallsPublished, (self.calls + 1) as u32)?;
         match self.transport.published_call(0, self.calls) {
             Some(decided) if decided.same_call(&call) => Ok(decided.chunk_bytes),
-            Some(peer_call) => Err(self
-                .transport
-                .abort(Failure::MismatchedCall {
-                    rank: self.rank,
-                    call,
-                    peer: 0,
-                    peer_call,
-                })
-                .into()),
+            Some(peer_call) => Err(self.abort_mismatch(call, 0, peer_call)),
             // Rank 0 already runs a later call, which only a call that needs
             // nothing from this rank lets it do (a broadcast from rank 0): the
             // calls differ, which the stamp on the first message received
@@ -775,15 +767,9 @@ impl Communicator {
             return Ok(());
         };
         match self.transport.published_call(peer, self.calls) {
-            Some(peer_call) if !peer_call.same_call(&call) => Err(self
-                .transport
-                .abort(Failure::MismatchedCall {
-                    rank: self.rank,
-                    call,
-                    peer,
-                    peer_call,
-                })
-                .into()),
+            Some(peer_call) if !peer_call.same_call(&call) => {
+                Err(self.abort_mismatch(call, peer, peer_call))
+            }
             _ => Ok(()),
         }
     }
@@ -823,16 +809,25 @@ impl Communicator {
         }
         // A stamp that does not decode, or the same call under another call
         // number, means the peer's sequence of calls diverged from ours.
-        let peer_call = peer_call.unwrap_or(call);
-        Err(self
-            .transport
+        Err(self.abort_mismatch(call, peer, peer_call.unwrap_or(call)))
+    }
+
+    /// Records that `peer` made `peer_call` where this rank made `call`, and
+    /// returns the failure that stands (another may have been recorded first).
+    fn abort_mismatch(
+        &self,
+        call: CallDescriptor,
+        peer: usize,
+        peer_call: CallDescriptor,
+    ) -> EngineError {
+        self.transport
             .abort(Failure::MismatchedCall {
                 rank: self.rank,
                 call,
                 peer,
                 peer_call,
             })
-            .into())
+            .into()
     }
 
     /// The rank at the end of the chain of ranks blocked on each other that
@@ -1006,20 +1001,7 @@ impl Communicator {
             self.rank,
             Self::window_of(stream, sent % self.slots(stream)),
         );
-        let call = self
-            .current_call
-            .expect("messages are only sent inside a call");
-        let header = [
-            self.calls,
-            call.to_words()[0],
-            call.to_words()[1],
-            call.to_words()[2],
-        ];
-        // SAFETY: the header occupies the slot's first MESSAGE_HEADER_BYTES,
-        // page aligned; the slot is ours until the store below publishes it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), window.cast::<u64>(), header.len())
-        };
+        self.stamp(window);
         let counts = self.counts(stream);
         counts.sent = counts.sent.wrapping_add(1);
         let sent = counts.sent;

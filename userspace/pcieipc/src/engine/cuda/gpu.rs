@@ -37,6 +37,18 @@ pub enum CudaError {
     },
 }
 
+/// Turns a driver error on GPU `ordinal` during `what` into a `CudaError`.
+pub(crate) fn driver_error(
+    ordinal: usize,
+    what: &'static str,
+) -> impl FnOnce(DriverError) -> CudaError {
+    move |source| CudaError::Driver {
+        ordinal,
+        what,
+        source,
+    }
+}
+
 /// Whether libcuda and libnvrtc can be loaded; cudarc would panic on first use.
 fn check_libraries() -> Result<(), CudaError> {
     // SAFETY: both only try to dlopen candidate names and drop the handle.
@@ -74,13 +86,7 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>, CudaError> {
         check_libraries()?;
         let started = Instant::now();
-        let driver = |what| {
-            move |source| CudaError::Driver {
-                ordinal,
-                what,
-                source,
-            }
-        };
+        let driver = |what| driver_error(ordinal, what);
         let ctx = CudaContext::new(ordinal).map_err(driver("creating the context"))?;
         let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
         let done = ctx
@@ -102,13 +108,7 @@ impl Gpu {
     /// How many GPUs this process sees.
     pub fn count() -> Result<usize, CudaError> {
         check_libraries()?;
-        let driver = |what| {
-            move |source| CudaError::Driver {
-                ordinal: 0,
-                what,
-                source,
-            }
-        };
+        let driver = |what| driver_error(0, what);
         result::init().map_err(driver("initialising the driver"))?;
         let count = result::device::get_count().map_err(driver("counting GPUs"))?;
         Ok(count.max(0) as usize)
@@ -131,12 +131,7 @@ impl Gpu {
     }
 
     pub(crate) fn driver(&self, what: &'static str) -> impl FnOnce(DriverError) -> CudaError {
-        let ordinal = self.ordinal();
-        move |source| CudaError::Driver {
-            ordinal,
-            what,
-            source,
-        }
+        driver_error(self.ordinal(), what)
     }
 
     pub(crate) fn bind(&self) -> Result<(), CudaError> {

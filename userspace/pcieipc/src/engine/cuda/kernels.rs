@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::gpu::{CudaError, Gpu};
+use super::gpu::{driver_error, CudaError, Gpu};
 use crate::engine::{DType, ReduceOp};
 
 /// The most sources the one-shot kernel reduces: it takes one pointer
@@ -193,13 +193,7 @@ impl KernelCache {
             return Ok(kernel.clone());
         }
         let ordinal = ctx.ordinal();
-        let driver = |what| {
-            move |source| CudaError::Driver {
-                ordinal,
-                what,
-                source,
-            }
-        };
+        let driver = |what| driver_error(ordinal, what);
         let capability = ctx
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
