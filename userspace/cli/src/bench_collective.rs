@@ -61,16 +61,19 @@ impl Collective for Communicator {
         let kind = self.transport_kind();
         match (kind, self.single_copy()) {
             (TransportKind::Shm, true) => {
-                let messages = self.single_copy_messages();
                 let size = |bytes: usize| match bytes {
                     usize::MAX => "any size".to_owned(),
                     _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
                     _ => format!("{} KiB", bytes >> 10),
                 };
+                let sizes = |messages: std::ops::RangeInclusive<usize>| {
+                    format!("{} to {}", size(*messages.start()), size(*messages.end()))
+                };
                 format!(
-                    "transport shm, all-gather single-copy (process_vm_readv) for {} to {} messages",
-                    size(*messages.start()),
-                    size(*messages.end())
+                    "transport shm, single-copy reads (process_vm_readv): direct all_reduce for {} \
+                     messages, ring all-gather single-copy for {}",
+                    sizes(self.direct_messages()),
+                    sizes(self.single_copy_messages())
                 )
             }
             (TransportKind::Shm, false) => {

@@ -86,7 +86,8 @@ pub struct Args {
     /// memory instead of peer-to-peer.
     #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
     p2p: String,
-    /// all_reduce algorithm: auto (by size and rank count), ring, one-shot.
+    /// all_reduce algorithm: auto (by size, rank count and whether ranks may
+    /// read each other's memory), ring, one-shot, direct (shm only).
     #[arg(long, default_value = "auto")]
     algorithm: AlgorithmChoice,
     /// Chunk size in bytes instead of the chunk policy's (by link and message size).
@@ -101,9 +102,10 @@ pub struct Args {
     /// Microseconds a waiting rank spins before it sleeps on the futex.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
-    /// shm: `auto` lets the ring's all-gather read finished chunks straight
-    /// from the predecessor's buffer (process_vm_readv) where every rank may;
-    /// `off` copies them twice, through the relay slots.
+    /// shm: `auto` lets ranks read each other's buffers (process_vm_readv)
+    /// where every rank may: the direct all_reduce, and the ring's all-gather
+    /// reading finished chunks straight from the predecessor; `off` keeps to
+    /// the ring, copying twice through the relay slots.
     #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
     single_copy: String,
     /// With --transport cuda: how a reduce step reads the predecessor's
@@ -423,7 +425,7 @@ struct Measurement {
     algbw_gb_s: f64,
     busbw_gb_s: f64,
     wrong: u64,
-    /// The chunk size the last call of this size moved in (0: one-shot).
+    /// The chunk size the last call of this size moved in (0: one-shot and direct).
     chunk_bytes: u32,
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use engine_support::{run_ranks, Role};
 use pcieipc::engine::{
     bf16, f16, Algorithm, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, Element,
-    ReduceOp,
+    EngineError, ReduceOp,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -262,7 +262,7 @@ fn every_collective_small(role: Role) {
     let mut comm =
         Communicator::init(&role.rendezvous, role.rank, n, small_window_options()).expect("init");
     let counts = [0, 1, n - 1, n + 1, PRIME];
-    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::Direct] {
         comm.set_algorithm(AlgorithmChoice::Fixed(algorithm));
         check_every_dtype(&mut comm, &counts, &ReduceOp::ALL);
     }
@@ -320,9 +320,10 @@ fn every_collective_dtype_and_op_on_7_ranks() {
     );
 }
 
-/// 1 MiB + 3 elements with the default options (so the size picks the ring and
-/// the default chunks) on 2 ranks: every dtype with sum and max, and the other
-/// ops for a float and an integer type. (Every dtype × op runs at the small
+/// 1 MiB + 3 elements with the default options (so the size picks the
+/// algorithm: the ring with its default chunks for 1- and 2-byte types,
+/// direct for 4- and 8-byte ones) on 2 ranks: every dtype with sum and max,
+/// and the other ops for a float and an integer type. (Every dtype × op runs at the small
 /// counts above; the debug build makes all 35 at this size a minute's work.)
 #[test]
 fn large_all_reduce_on_2_ranks() {
@@ -337,7 +338,8 @@ fn large_all_reduce_on_2_ranks() {
     });
 }
 
-/// 1 MiB + 3 elements on more ranks, for a float and an integer type.
+/// 1 MiB + 3 elements on more ranks, for a float and an integer type, by
+/// the default choice (direct) and by the ring.
 fn large_subset(role: Role) {
     let mut comm = Communicator::init(
         &role.rendezvous,
@@ -346,8 +348,15 @@ fn large_subset(role: Role) {
         CommOptions::default(),
     )
     .expect("init");
-    check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
-    check_all_reduce::<i32>(&mut comm, &[LARGE], &[ReduceOp::Max]);
+    assert_eq!(comm.algorithm_for::<f32>(LARGE), Algorithm::Direct);
+    for algorithm in [
+        AlgorithmChoice::Auto,
+        AlgorithmChoice::Fixed(Algorithm::Ring),
+    ] {
+        comm.set_algorithm(algorithm);
+        check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
+        check_all_reduce::<i32>(&mut comm, &[LARGE], &[ReduceOp::Max]);
+    }
 }
 
 #[test]
@@ -365,10 +374,11 @@ fn large_all_reduce_on_7_ranks() {
     run_ranks("large_all_reduce_on_7_ranks", 7, LIMIT, large_subset);
 }
 
-/// The single-copy all-gather is the path on this host: if the init probe
-/// (every rank reading its predecessor's memory with process_vm_readv)
-/// silently always fell back to the relay slots, this fails. It checks the
-/// collectives that use it on the way.
+/// Single-copy reads are the path on this host: if the init probe (every
+/// rank reading its predecessor's memory with process_vm_readv) silently
+/// always fell back to the relay slots, this fails. It checks the
+/// collectives that use them on the way: the ring's single-copy all-gather,
+/// and the direct all_reduce the default options pick from 4 MiB to 16 MiB.
 fn single_copy_chosen(role: Role) {
     let n = role.nranks;
     let options = CommOptions {
@@ -396,8 +406,26 @@ fn single_copy_chosen(role: Role) {
     )
     .expect("init with the default options");
     assert!(comm.single_copy(), "rank {}: default options", role.rank);
-    // 4 MiB + 12 bytes: inside the default single-copy message sizes.
-    check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
+    let picks =
+        [1 << 20, LARGE, 4 << 20, 8 << 20, 16 << 20].map(|count| comm.algorithm_for::<u8>(count));
+    assert_eq!(
+        picks,
+        [
+            Algorithm::Ring,
+            Algorithm::Ring,
+            Algorithm::Direct,
+            Algorithm::Direct,
+            Algorithm::Direct
+        ],
+        "rank {}: 1 MiB, 1 MiB + 3, 4 MiB, 8 MiB, 16 MiB",
+        role.rank
+    );
+    assert_eq!(comm.algorithm_for::<u8>((16 << 20) + 1), Algorithm::Ring);
+    // 4 MiB + 12 bytes: direct.
+    check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum, ReduceOp::Avg]);
+    check_all_reduce::<i64>(&mut comm, &[LARGE / 2], &[ReduceOp::Prod]);
+    // 2 MiB + 6 bytes: the ring, with its single-copy all-gather.
+    check_all_reduce::<f16>(&mut comm, &[LARGE], &[ReduceOp::Max]);
 }
 
 #[test]
@@ -456,8 +484,26 @@ fn relay_fallback(role: Role, declining: &[usize]) {
     )
     .expect("init with the default options");
     assert!(!comm.single_copy(), "rank {}: default options", role.rank);
+    assert_eq!(comm.algorithm_for::<f32>(LARGE), Algorithm::Ring);
     check_all_reduce::<f32>(&mut comm, &[LARGE], &[ReduceOp::Sum]);
     check_all_reduce::<i32>(&mut comm, &[LARGE], &[ReduceOp::Max]);
+    // Direct needs the reads: forcing it is a clear error on every rank,
+    // before any rank touches another's memory.
+    comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Direct));
+    let mut buffer = vec![1.0f32; 1000];
+    match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+        Err(EngineError::AlgorithmUnavailable {
+            algorithm: Algorithm::Direct,
+            ..
+        }) => {}
+        other => panic!(
+            "rank {}: expected AlgorithmUnavailable, got {other:?}",
+            role.rank
+        ),
+    }
+    assert_eq!(buffer, vec![1.0f32; 1000]);
+    comm.set_algorithm(AlgorithmChoice::Auto);
+    check_all_reduce::<f32>(&mut comm, &[PRIME], &[ReduceOp::Sum]);
 }
 
 #[test]
@@ -477,8 +523,9 @@ fn one_rank_declining_makes_all_fall_back_on_3_ranks() {
     );
 }
 
-/// Ranks that disagree on the message sizes for the single-copy path would
-/// expect addresses where data comes: they all fall back instead.
+/// Ranks that disagree on the message sizes for the single-copy paths would
+/// expect addresses where data comes, or pick different algorithms: they
+/// all fall back to the relay slots instead.
 #[test]
 fn differing_single_copy_sizes_fall_back_on_2_ranks() {
     run_ranks(
@@ -486,20 +533,39 @@ fn differing_single_copy_sizes_fall_back_on_2_ranks() {
         2,
         LIMIT,
         |role| {
-            let options = CommOptions {
-                single_copy_messages: if role.rank == 0 {
-                    0..=usize::MAX
-                } else {
-                    0..=(1 << 20)
-                },
-                ..small_window_options()
-            };
-            let mut comm =
-                Communicator::init(&role.rendezvous, role.rank, 2, options).expect("init");
-            assert!(!comm.single_copy(), "rank {}", role.rank);
-            comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
-            check_all_reduce::<i32>(&mut comm, &[PRIME], &[ReduceOp::Sum]);
-            check_all_gather::<u8>(&mut comm, 300);
+            let odd = |all: usize, some: usize| if role.rank == 0 { 0..=all } else { 0..=some };
+            for (name, options) in [
+                (
+                    "ring all-gather",
+                    CommOptions {
+                        single_copy_messages: odd(usize::MAX, 1 << 20),
+                        ..small_window_options()
+                    },
+                ),
+                (
+                    "direct",
+                    CommOptions {
+                        direct_messages: odd(usize::MAX, 1 << 20),
+                        ..small_window_options()
+                    },
+                ),
+            ] {
+                let mut comm = Communicator::init(
+                    &format!("{}-{}", role.rendezvous, name.replace(' ', "-")),
+                    role.rank,
+                    2,
+                    options,
+                )
+                .expect("init");
+                assert!(
+                    !comm.single_copy(),
+                    "rank {}: {name} sizes differ",
+                    role.rank
+                );
+                assert_eq!(comm.algorithm_for::<i32>(PRIME), Algorithm::Ring);
+                check_all_reduce::<i32>(&mut comm, &[PRIME], &[ReduceOp::Sum]);
+                check_all_gather::<u8>(&mut comm, 300);
+            }
         },
     );
 }

@@ -30,9 +30,10 @@ fn assert_no_segment_left() {
     assert!(left.is_empty(), "segment still referenced: {left:?}");
 }
 
-#[test]
-fn killed_rank_is_named_and_leaves_no_shared_memory() {
-    const TEST: &str = "killed_rank_is_named_and_leaves_no_shared_memory";
+/// A rank killed mid-operation: the others fail naming it within the
+/// timeout, and no shared memory is left. 4 MiB messages: the automatic
+/// choice sends them direct (single-copy reads) or, forced, by the ring.
+fn killed_rank(test: &str, algorithm: AlgorithmChoice) {
     const VICTIM: usize = 1;
     let peer_timeout = Duration::from_secs(20);
     if let Some(role) = role() {
@@ -40,9 +41,19 @@ fn killed_rank_is_named_and_leaves_no_shared_memory() {
             &role.rendezvous,
             role.rank,
             role.nranks,
-            options(peer_timeout),
+            CommOptions {
+                algorithm,
+                ..options(peer_timeout)
+            },
         )
         .expect("init");
+        let input = vec![1.0f32; 1 << 20];
+        let mut output = vec![0.0f32; 1 << 20];
+        let expected = match algorithm {
+            AlgorithmChoice::Auto => Algorithm::Direct,
+            AlgorithmChoice::Fixed(algorithm) => algorithm,
+        };
+        assert_eq!(comm.algorithm_for::<f32>(input.len()), expected);
         if role.rank == VICTIM {
             // Killed from a second thread while the main thread is inside a
             // stream of all_reduce calls: almost surely mid-operation.
@@ -51,8 +62,6 @@ fn killed_rank_is_named_and_leaves_no_shared_memory() {
                 nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).expect("raise SIGKILL");
             });
         }
-        let input = vec![1.0f32; 1 << 20];
-        let mut output = vec![0.0f32; 1 << 20];
         let error = loop {
             let started = Instant::now();
             if let Err(error) = comm.all_reduce(&input, &mut output, ReduceOp::Sum) {
@@ -77,9 +86,25 @@ fn killed_rank_is_named_and_leaves_no_shared_memory() {
         assert_no_segment_left();
         return;
     }
-    let outputs = wait_ranks(spawn_ranks(TEST, 3, &[0, 1, 2]), LIMIT);
+    let outputs = wait_ranks(spawn_ranks(test, 3, &[0, 1, 2]), LIMIT);
     assert_only_victim_killed(&outputs, VICTIM);
     assert_eq!(dev_shm_segments(), Vec::<String>::new());
+}
+
+#[test]
+fn killed_rank_is_named_and_leaves_no_shared_memory() {
+    killed_rank(
+        "killed_rank_is_named_and_leaves_no_shared_memory",
+        AlgorithmChoice::Auto,
+    );
+}
+
+#[test]
+fn killed_rank_mid_ring_is_named_and_leaves_no_shared_memory() {
+    killed_rank(
+        "killed_rank_mid_ring_is_named_and_leaves_no_shared_memory",
+        AlgorithmChoice::Fixed(Algorithm::Ring),
+    );
 }
 
 fn expect_never_joined(role: &Role, missing: usize) {
@@ -225,7 +250,7 @@ fn mismatches(role: Role) {
     // The last rank differs, so on 3 ranks one rank sees only matching
     // neighbours and must learn of the mismatch from the others.
     let odd = role.nranks - 1;
-    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::Direct] {
         expect_mismatch(
             &role,
             &format!("count-{algorithm}"),

@@ -3,7 +3,11 @@
 //! The ring moves 2(N-1)/N of the buffer per rank and is bandwidth-optimal, but
 //! its 2(N-1) dependent steps cost latency. The one-shot path has every rank
 //! publish its whole buffer and reduce all N of them itself: one step, (N-1)
-//! buffers read, the right trade for small messages.
+//! buffers read, the right trade for small messages. The direct algorithm
+//! moves what the ring moves, but straight between the ranks' own buffers
+//! (shm, where ranks may read each other's memory): each rank reduces its
+//! own segment from every peer's input, then copies every other segment from
+//! its owner, with no relay copies and three meetings per call.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,6 +19,11 @@ pub enum Algorithm {
     Ring = 1,
     /// Every rank reads every peer's whole buffer and reduces locally.
     OneShot = 2,
+    /// Rank r reduces segment r itself, reading it straight from every peer's
+    /// input (`process_vm_readv`), and writes the result straight into every
+    /// peer's output (`process_vm_writev`): the ring's traffic with no relay
+    /// hops and two meetings per call (shm, where peers may read each other).
+    Direct = 3,
 }
 
 impl Algorithm {
@@ -22,11 +31,12 @@ impl Algorithm {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::OneShot => "one-shot",
+            Algorithm::Direct => "direct",
         }
     }
 
     pub(crate) fn from_wire(code: u8) -> Option<Algorithm> {
-        [Algorithm::Ring, Algorithm::OneShot]
+        [Algorithm::Ring, Algorithm::OneShot, Algorithm::Direct]
             .into_iter()
             .find(|algorithm| *algorithm as u8 == code)
     }
@@ -47,9 +57,9 @@ pub enum AlgorithmChoice {
     Fixed(Algorithm),
 }
 
-/// A name that is not `auto`, `ring` or `one-shot`.
+/// A name that is not `auto`, `ring`, `one-shot` or `direct`.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown algorithm {0:?} (auto, ring, one-shot)")]
+#[error("unknown algorithm {0:?} (auto, ring, one-shot, direct)")]
 pub struct UnknownAlgorithm(pub String);
 
 impl FromStr for AlgorithmChoice {
@@ -59,6 +69,7 @@ impl FromStr for AlgorithmChoice {
             "auto" => Ok(AlgorithmChoice::Auto),
             "ring" => Ok(AlgorithmChoice::Fixed(Algorithm::Ring)),
             "one-shot" | "oneshot" => Ok(AlgorithmChoice::Fixed(Algorithm::OneShot)),
+            "direct" => Ok(AlgorithmChoice::Fixed(Algorithm::Direct)),
             _ => Err(UnknownAlgorithm(name.to_owned())),
         }
     }
@@ -105,6 +116,10 @@ mod tests {
         assert_eq!(
             "one-shot".parse::<AlgorithmChoice>().unwrap(),
             AlgorithmChoice::Fixed(Algorithm::OneShot)
+        );
+        assert_eq!(
+            "direct".parse::<AlgorithmChoice>().unwrap(),
+            AlgorithmChoice::Fixed(Algorithm::Direct)
         );
         assert!("tree".parse::<AlgorithmChoice>().is_err());
     }

@@ -29,6 +29,10 @@ const MESSAGE_HEADER_BYTES: usize = 32;
 /// a non-blocking read, kept off the path of back-to-back small calls.
 const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
 
+/// The piece the direct algorithm reads from one peer and reduces before the
+/// next: small enough to stay in the core's cache between the two.
+const DIRECT_PIECE_BYTES: usize = 256 << 10;
+
 /// How long a blocked rank sleeps between liveness and timeout checks: the
 /// bound on how late a dead peer is noticed, and few enough wake-ups that a
 /// rank waiting for a late peer costs next to no CPU.
@@ -79,6 +83,13 @@ pub struct CommOptions {
     /// development VM (docs/engine.md). Must be the same on every rank
     /// (checked at init: ranks that differ all fall back to the relay slots).
     pub single_copy_messages: std::ops::RangeInclusive<usize>,
+    /// The all_reduce message sizes, in bytes, that the automatic choice
+    /// sends by the direct algorithm where single-copy reads are on (each
+    /// rank reduces its own segment from every peer's input, then copies the
+    /// others' from their owners): measured ahead of the ring from 4 MiB to
+    /// 16 MiB on the development VM (docs/engine.md). Agreed at init like
+    /// `single_copy_messages`.
+    pub direct_messages: std::ops::RangeInclusive<usize>,
 }
 
 impl Default for CommOptions {
@@ -97,6 +108,7 @@ impl Default for CommOptions {
             pcieipc_device: None,
             single_copy: true,
             single_copy_messages: (2 << 20)..=(16 << 20),
+            direct_messages: (4 << 20)..=(16 << 20),
         }
     }
 }
@@ -159,7 +171,12 @@ pub struct Communicator {
     calls: u64,
     raw: StreamCounts,
     relay: StreamCounts,
+    /// Rounds posted on this rank's one-shot counter: one-shot windows, and
+    /// the direct algorithm's three meetings per call.
     one_shot_rounds: u32,
+    /// Where the direct algorithm lands each piece it reads from a peer,
+    /// kept between calls.
+    direct_scratch: Vec<u64>,
     /// Whether the stamp on this call's first message from the predecessor
     /// has been checked against our call.
     predecessor_checked: bool,
@@ -243,6 +260,13 @@ fn read_process(pid: u32, remote: u64, local: &mut [u8]) -> std::io::Result<()> 
     Ok(())
 }
 
+/// Posts `rank`'s next round on its one-shot counter (`rounds`, this rank's
+/// count of them).
+fn post_round(transport: &dyn Transport, rank: usize, rounds: &mut u32) {
+    *rounds = rounds.wrapping_add(1);
+    transport.store(rank, Signal::OneShotPosted, *rounds);
+}
+
 impl Communicator {
     /// Joins the communicator `rendezvous` (a job-unique name) as `rank` of
     /// `nranks`. Returns once every rank has joined and the transport is up.
@@ -324,6 +348,7 @@ impl Communicator {
             raw: StreamCounts::default(),
             relay: StreamCounts::default(),
             one_shot_rounds: 0,
+            direct_scratch: Vec::new(),
             predecessor_checked: false,
             current_call: None,
             last_call: None,
@@ -369,6 +394,12 @@ impl Communicator {
         self.options.single_copy_messages.clone()
     }
 
+    /// The all_reduce message sizes the automatic choice sends direct while
+    /// `single_copy()` holds.
+    pub fn direct_messages(&self) -> std::ops::RangeInclusive<usize> {
+        self.options.direct_messages.clone()
+    }
+
     /// The last call this rank made, with the chunk size it moved in.
     pub fn last_call(&self) -> Option<CallDescriptor> {
         self.last_call
@@ -391,13 +422,26 @@ impl Communicator {
         self.options.algorithm = algorithm;
     }
 
-    /// The algorithm an all_reduce of `count` elements of `T` takes.
+    /// The algorithm an all_reduce of `count` elements of `T` takes. The
+    /// automatic choice sends `direct_messages` sizes direct where ranks may
+    /// read each other's memory (`single_copy()`); a fixed direct choice
+    /// without that fails the call with `AlgorithmUnavailable`.
     pub fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
-        self.options.algorithm.pick(
-            count * std::mem::size_of::<T>(),
-            self.nranks,
-            self.options.one_shot_read_budget,
-        )
+        let bytes = count * std::mem::size_of::<T>();
+        match self
+            .options
+            .algorithm
+            .pick(bytes, self.nranks, self.options.one_shot_read_budget)
+        {
+            Algorithm::Ring
+                if self.options.algorithm == AlgorithmChoice::Auto
+                    && self.single_copy
+                    && self.options.direct_messages.contains(&bytes) =>
+            {
+                Algorithm::Direct
+            }
+            algorithm => algorithm,
+        }
     }
 
     /// `output[i]` = `op` over all ranks' `input[i]`.
@@ -522,6 +566,13 @@ impl Communicator {
     ) -> Result<(), EngineError> {
         let count = buffers.input().len();
         let algorithm = self.algorithm_for::<T>(count);
+        if algorithm == Algorithm::Direct && !self.single_copy {
+            return Err(EngineError::AlgorithmUnavailable {
+                algorithm,
+                reason: "ranks may not read each other's memory (the shm transport, with \
+                         process_vm_readv allowed between all ranks and single-copy on)",
+            });
+        }
         let call = self.begin(CallKind::AllReduce, T::DTYPE, Some(op), count, 0, algorithm)?;
         let result = if self.nranks == 1 {
             if let Buffers::OutOfPlace { input, output } = &mut buffers {
@@ -532,6 +583,7 @@ impl Communicator {
             match algorithm {
                 Algorithm::Ring => self.run_ring(call, RingCall::AllReduce(op), buffers),
                 Algorithm::OneShot => self.run_one_shot(call, op, buffers),
+                Algorithm::Direct => self.run_direct(call, op, buffers),
             }
         };
         self.end(result)
@@ -665,6 +717,8 @@ impl Communicator {
         let messages = [
             *self.options.single_copy_messages.start() as u64,
             *self.options.single_copy_messages.end() as u64,
+            *self.options.direct_messages.start() as u64,
+            *self.options.direct_messages.end() as u64,
         ];
         let willing = self.options.single_copy && {
             allow_peer_reads();
@@ -695,8 +749,9 @@ impl Communicator {
     }
 
     /// Reads `output.len()` elements at `address` in `owner`'s process into
-    /// `output` (single-copy all-gather). The owner keeps the memory as it is
-    /// until we acknowledge the message that named it. A read that fails
+    /// `output`. The owner keeps that memory as it is until we say we are
+    /// done with it (the ring's all-gather: by acknowledging the message that
+    /// named it; direct: by posting the call's next round). A read that fails
     /// means the owner is exiting (`ESRCH` once its memory is gone): the
     /// liveness checks then name it, as they do for any wait.
     fn read_peer<T: Element>(
@@ -1279,9 +1334,7 @@ impl Communicator {
                 )
             };
             data.copy_from_slice(&buffers.input()[range.clone()]);
-            self.one_shot_rounds = self.one_shot_rounds.wrapping_add(1);
-            self.transport
-                .store(self.rank, Signal::OneShotPosted, self.one_shot_rounds);
+            post_round(&*self.transport, self.rank, &mut self.one_shot_rounds);
             for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
                 self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
                 if round == 0 {
@@ -1309,6 +1362,132 @@ impl Communicator {
             if op == ReduceOp::Avg {
                 finish_avg(output, self.nranks);
             }
+        }
+        Ok(())
+    }
+
+    /// Direct all_reduce: rank r owns segment r. It reads that segment from
+    /// every peer's input in pieces and reduces each piece into its own
+    /// output (reduce-scatter), then reads every other segment straight from
+    /// its owner's output (all-gather). Each element is reduced by one rank,
+    /// so all ranks hold bit-identical results. Ranks only ever read each
+    /// other's memory: a rank that fails mid-call cannot leave a peer writing
+    /// into buffers it has already handed back.
+    ///
+    /// Three rounds on the one-shot counter: the buffers' addresses (in the
+    /// one-shot window, stamped with the call); the segment reduced (its
+    /// owner is done reading the peers' inputs, so in place each peer may now
+    /// overwrite its own copy of that segment); done. A rank returns once
+    /// every peer is done, since until then peers may still read its buffers.
+    ///
+    /// The all-gather reads whole segments after the reduce-scatter rather
+    /// than piece by piece behind it: a piece just reduced sits modified in
+    /// its owner's cache, and copying it from there to another core measured
+    /// a third slower than from the shared cache once the segment is done.
+    fn run_direct<T: Element>(
+        &mut self,
+        call: CallDescriptor,
+        op: ReduceOp,
+        mut buffers: Buffers<T>,
+    ) -> Result<(), EngineError> {
+        let (n, r) = (self.nranks, self.rank);
+        let parity = (self.one_shot_rounds % 2) as usize;
+        let windows: Vec<*mut u8> = (0..n)
+            .map(|owner| self.transport.window(owner, Window::OneShot { parity }))
+            .collect();
+        self.stamp(windows[r]);
+        let addresses = [
+            buffers.input().as_ptr() as u64,
+            buffers.output().as_mut_ptr() as u64,
+        ];
+        // SAFETY: our one-shot window, past its stamp; every peer read what we
+        // last published there before posting the round after it, which we
+        // waited for, so only we touch it until we post.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                addresses.as_ptr(),
+                windows[r].add(MESSAGE_HEADER_BYTES).cast::<u64>(),
+                addresses.len(),
+            )
+        };
+        let peers = move || (0..n).filter(move |peer| *peer != r);
+        post_round(&*self.transport, r, &mut self.one_shot_rounds);
+        let mut peer_buffers = vec![[0u64; 2]; n];
+        for peer in peers() {
+            self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
+            self.check_stamp(peer, windows[peer])?;
+            // SAFETY: the peer posted this window and leaves it alone until
+            // we post our next round.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    windows[peer]
+                        .add(MESSAGE_HEADER_BYTES)
+                        .cast::<u64>()
+                        .cast_const(),
+                    peer_buffers[peer].as_mut_ptr(),
+                    2,
+                )
+            };
+        }
+        let [input_at, output_at] = [0, 1];
+        let element = std::mem::size_of::<T>();
+        let count = call.count as usize;
+
+        let mut scratch = std::mem::take(&mut self.direct_scratch);
+        scratch.resize(DIRECT_PIECE_BYTES / 8, 0);
+        let piece = DIRECT_PIECE_BYTES / element;
+        // SAFETY: the scratch is 8-byte aligned, every `Element` is at most 8
+        // bytes and plain numbers (any bit pattern is one), and it holds
+        // `piece` of them.
+        let incoming =
+            unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<T>(), piece) };
+        let segment = part(count, n, r);
+        let mut reduce = || -> Result<(), EngineError> {
+            for index in 0..segment.len().div_ceil(piece) {
+                let range = clip(&segment, index, piece);
+                let offset = (range.start * element) as u64;
+                let incoming = &mut incoming[..range.len()];
+                for (position, peer) in peers().enumerate() {
+                    self.read_peer(peer, peer_buffers[peer][input_at] + offset, incoming)?;
+                    match (&mut buffers, position) {
+                        (Buffers::OutOfPlace { input, output }, 0) => combine(
+                            op,
+                            &mut output[range.clone()],
+                            incoming,
+                            Some(&input[range.clone()]),
+                        ),
+                        _ => combine(op, &mut buffers.output()[range.clone()], incoming, None),
+                    }
+                }
+                if op == ReduceOp::Avg {
+                    finish_avg(&mut buffers.output()[range], n);
+                }
+            }
+            Ok(())
+        };
+        let reduced = reduce();
+        self.direct_scratch = scratch;
+        reduced?;
+
+        post_round(&*self.transport, r, &mut self.one_shot_rounds);
+        for peer in peers() {
+            self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
+            let range = part(count, n, peer);
+            let offset = (range.start * element) as u64;
+            self.read_peer(
+                peer,
+                peer_buffers[peer][output_at] + offset,
+                &mut buffers.output()[range],
+            )?;
+        }
+        post_round(&*self.transport, r, &mut self.one_shot_rounds);
+        for peer in peers() {
+            self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
+        }
+        // A peer that failed (and returned) before we read its segment
+        // recorded the failure first: what we read may be stale.
+        if let Some(failure) = self.transport.failure() {
+            return Err(failure.into());
         }
         Ok(())
     }

@@ -123,6 +123,12 @@ pub enum EngineError {
         detail: String,
     },
 
+    #[error("the {algorithm} algorithm is not available here: {reason}")]
+    AlgorithmUnavailable {
+        algorithm: super::algorithm::Algorithm,
+        reason: &'static str,
+    },
+
     #[error("broadcast root {root} is out of range for {nranks} ranks")]
     RootOutOfRange { root: usize, nranks: usize },
 }

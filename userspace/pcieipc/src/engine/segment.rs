@@ -53,9 +53,10 @@ pub(super) struct RankStatus {
     /// by the rank itself; a peer reads it back with `process_vm_readv` to
     /// prove it may read this rank's memory (the single-copy all-gather).
     probe: AtomicU64,
-    /// shm: the message sizes (first, last) for which the rank reads
-    /// finished chunks straight from its predecessor, written before `probe`.
-    single_copy_messages: [AtomicU64; 2],
+    /// shm: the message sizes (first, last) for which the ring's all-gather
+    /// reads finished chunks straight from the predecessor, then those
+    /// (first, last) that go direct, written before `probe`.
+    single_copy_messages: [AtomicU64; 4],
 }
 
 #[repr(C)]
@@ -501,7 +502,7 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
         self.peers.pid(rank)
     }
 
-    fn publish_probe(&self, messages: [u64; 2]) -> bool {
+    fn publish_probe(&self, messages: [u64; 4]) -> bool {
         if S::KIND != TransportKind::Shm {
             return false;
         }
@@ -515,10 +516,11 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
         true
     }
 
-    fn probe(&self, rank: usize) -> (u64, [u64; 2]) {
+    fn probe(&self, rank: usize) -> (u64, [u64; 4]) {
         let status = &self.segment.control(rank).status;
         let address = status.probe.load(Ordering::Acquire);
-        let messages = [0, 1].map(|at| status.single_copy_messages[at].load(Ordering::Relaxed));
+        let messages =
+            [0, 1, 2, 3].map(|at| status.single_copy_messages[at].load(Ordering::Relaxed));
         (address, messages)
     }
 

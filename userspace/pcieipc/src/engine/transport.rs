@@ -150,17 +150,18 @@ pub trait Transport: Send {
     /// Single-copy reads: publishes, in this rank's control block, the
     /// address in this process of that very word, for a peer to read back
     /// from this process with `process_vm_readv` and so prove that it may.
-    /// `messages` (the range of message sizes for which this rank would
-    /// read straight from peers) goes with it, for the ranks to check that
-    /// they agree. False (and nothing published) where peers must not read
-    /// this process's memory: every transport but shm.
-    fn publish_probe(&self, _messages: [u64; 2]) -> bool {
+    /// `messages` (the ranges of message sizes for which this rank would
+    /// read straight from peers: the ring's all-gather's, then the direct
+    /// algorithm's, each as first and last) goes with it, for the ranks to
+    /// check that they agree. False (and nothing published) where peers must
+    /// not read this process's memory: every transport but shm.
+    fn publish_probe(&self, _messages: [u64; 4]) -> bool {
         false
     }
-    /// The address and the message range `rank` published with
+    /// The address and the message ranges `rank` published with
     /// `publish_probe` (address 0 while none).
-    fn probe(&self, _rank: usize) -> (u64, [u64; 2]) {
-        (0, [0, 0])
+    fn probe(&self, _rank: usize) -> (u64, [u64; 4]) {
+        (0, [0; 4])
     }
 
     /// Records `failure` unless another is recorded already, wakes every

@@ -171,6 +171,12 @@ impl CudaCommunicator {
         gpu: Arc<Gpu>,
         options: CudaOptions,
     ) -> Result<CudaCommunicator, EngineError> {
+        if options.algorithm == AlgorithmChoice::Fixed(Algorithm::Direct) {
+            return Err(EngineError::AlgorithmUnavailable {
+                algorithm: Algorithm::Direct,
+                reason: "device buffers move by CUDA IPC, not between host processes",
+            });
+        }
         let started = Instant::now();
         let mut control = Communicator::init(rendezvous, rank, nranks, options.control.clone())?;
         let err = cuda(rank);
@@ -448,7 +454,7 @@ impl CudaCommunicator {
         self.last_call = Some(CallDescriptor {
             chunk_bytes: match algorithm {
                 Algorithm::Ring => call.chunk_bytes,
-                Algorithm::OneShot => 0,
+                Algorithm::OneShot | Algorithm::Direct => 0,
             },
             ..call
         });
@@ -484,6 +490,7 @@ impl CudaCommunicator {
         match algorithm {
             Algorithm::Ring => self.run_ring(&call)?,
             Algorithm::OneShot => self.run_one_shot(&call)?,
+            Algorithm::Direct => unreachable!("init refuses the direct algorithm"),
         }
         Ok(None)
     }
