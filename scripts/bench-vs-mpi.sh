@@ -4,21 +4,24 @@
 #
 #   1. 8-byte latency, both;
 #   2. busbw from 64 KiB to 256 MiB, float sum, out of place and in place, side
-#      by side (each side run REPEAT times, alternately, best of the runs kept:
-#      a shared 2-core host is noisy, and alternating gives both the same noise);
+#      by side: each side run REPEAT times, alternately (a shared 2-core host is
+#      noisy, and alternating gives both the same noise), the median compared,
+#      and the best printed beside it (a best can come from a rare fast window:
+#      the host sometimes places the two vCPUs so that they share a core's
+#      caches, which no run controls);
 #   3. the CPU time rank 0 uses while waiting LATE_MS for a late peer: pcieipc
 #      as configured (bounded spin, then futex sleep), pcieipc forced to spin
 #      the whole wait, and MPI (which polls).
 #
-# Usage: scripts/bench-vs-mpi.sh            (REPEAT=3 ITERS=20 LATE_MS=500 by default)
+# Usage: scripts/bench-vs-mpi.sh            (REPEAT=5 ITERS=20 LATE_MS=500 by default)
 #        RELAY=1 scripts/bench-vs-mpi.sh    also runs pcieipc with --single-copy off (the
-#                                           two-copy relay all-gather), alternating with the
-#                                           others, and prints it as a third column
+#                                           ring and its relay slots only), alternating with
+#                                           the others, and prints it as a second table
 # Needs: cargo, mpicc, mpirun (apt-get install openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-REPEAT=${REPEAT:-3}
+REPEAT=${REPEAT:-5}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 LATE_MS=${LATE_MS:-500}
@@ -64,7 +67,7 @@ for run in $(seq "$REPEAT"); do
 done
 
 python3 - "$work" "$REPEAT" "$RELAY" <<'EOF'
-import json, sys
+import json, statistics, sys
 work, repeat, relay = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 paths = set()
 
@@ -75,8 +78,9 @@ except ImportError:
     jsonschema = None
     print("# bench JSON not validated against docs/schemas/bench-v1.schema.json: python3-jsonschema missing")
 
+# Per size, the runs' (oop time, oop busbw, ip time, ip busbw).
 def pcieipc(name):
-    best = {}
+    runs = {}
     for run in range(1, repeat + 1):
         report = json.load(open(f"{work}/{name}-{run}.json"))
         if jsonschema:
@@ -85,59 +89,59 @@ def pcieipc(name):
         if report["wrong"]:
             sys.exit(f"pcieipc bench reported {report['wrong']} wrong values")
         for row in report["results"]:
-            size = row["size_bytes"]
             oop, ip = row["out_of_place"], row["in_place"]
-            old = best.get(size)
-            best[size] = (
-                min(oop["time_us"], old[0]) if old else oop["time_us"],
-                max(oop["busbw_gb_s"], old[1]) if old else oop["busbw_gb_s"],
-                min(ip["time_us"], old[2]) if old else ip["time_us"],
-                max(ip["busbw_gb_s"], old[3]) if old else ip["busbw_gb_s"],
-            )
-    return best
+            runs.setdefault(row["size_bytes"], []).append(
+                (oop["time_us"], oop["busbw_gb_s"], ip["time_us"], ip["busbw_gb_s"]))
+    return runs
 
 def mpi(name):
-    best = {}
+    runs = {}
     for run in range(1, repeat + 1):
         for line in open(f"{work}/{name}-{run}.txt"):
             if line.startswith("#") or not line.strip():
                 continue
-            size, oop_t, oop_bw, ip_t, ip_bw = line.split()
-            size = int(size)
-            values = (float(oop_t), float(oop_bw), float(ip_t), float(ip_bw))
-            old = best.get(size)
-            best[size] = values if old is None else (
-                min(values[0], old[0]), max(values[1], old[1]), min(values[2], old[2]), max(values[3], old[3]))
-    return best
+            size, *values = line.split()
+            runs.setdefault(int(size), []).append(tuple(float(value) for value in values))
+    return runs
+
+# Median and best over the runs: times (index 0, 2) best lowest, busbw (1, 3) best highest.
+def median(runs, at):
+    return statistics.median(run[at] for run in runs)
+
+def best(runs, at):
+    return (min if at in (0, 2) else max)(run[at] for run in runs)
+
+def table(ours, theirs, title):
+    print(f"\n# {title}")
+    print(f"#       size   pcieipc oop   MPI oop  ratio   pcieipc ip    MPI ip  ratio   | best: oop ratio  ip ratio")
+    worst = worst_best = None
+    for size in sorted(ours):
+        o, m = ours[size], theirs.get(size)
+        if m is None:
+            continue
+        r_oop, r_ip = median(o, 1) / median(m, 1), median(o, 3) / median(m, 3)
+        b_oop, b_ip = best(o, 1) / best(m, 1), best(o, 3) / best(m, 3)
+        worst = min(worst or r_oop, r_oop, r_ip)
+        worst_best = min(worst_best or b_oop, b_oop, b_ip)
+        print(f"{size:>12} {median(o, 1):>13.2f} {median(m, 1):>9.2f} {r_oop:>6.2f} "
+              f"{median(o, 3):>12.2f} {median(m, 3):>9.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}")
+    print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
 
 ours8, theirs8 = pcieipc("pcieipc-8"), mpi("mpi-8")
 print(f"\n# pcieipc: {'; '.join(sorted(paths))}")
-print(f"\n# 8-byte all_reduce latency, best of {repeat} runs of 10000 (us)")
-print(f"#            pcieipc oop   MPI oop   pcieipc ip    MPI ip")
-print(f"{'8 B':>12} {ours8[8][0]:>12.2f} {theirs8[8][0]:>9.2f} {ours8[8][2]:>12.2f} {theirs8[8][2]:>9.2f}")
+print(f"\n# 8-byte all_reduce latency (us), median (best) of {repeat} runs of 10000")
+print(f"#            pcieipc oop        MPI oop     pcieipc ip         MPI ip")
+columns = [(ours8, 0), (theirs8, 0), (ours8, 2), (theirs8, 2)]
+print(f"{'8 B':>12} " + "  ".join(f"{median(runs[8], at):>7.2f} ({best(runs[8], at):.2f})" for runs, at in columns))
 
-ours, theirs = pcieipc("pcieipc"), mpi("mpi")
-print(f"\n# busbw (GB/s), float sum, 2 ranks, best of {repeat} runs; ratio = pcieipc / MPI")
-print(f"#       size   pcieipc oop   MPI oop  ratio   pcieipc ip    MPI ip  ratio")
-worst = None
-for size in sorted(ours):
-    o, m = ours[size], theirs.get(size)
-    if m is None:
-        continue
-    r_oop, r_ip = o[1] / m[1], o[3] / m[3]
-    worst = min(worst or r_oop, r_oop, r_ip)
-    print(f"{size:>12} {o[1]:>13.2f} {m[1]:>9.2f} {r_oop:>6.2f} {o[3]:>12.2f} {m[3]:>9.2f} {r_ip:>6.2f}")
-print(f"# lowest ratio: {worst:.2f}")
-
+theirs = mpi("mpi")
+table(pcieipc("pcieipc"), theirs,
+      f"busbw (GB/s), float sum, 2 ranks, median of {repeat} alternating runs; ratio = pcieipc / MPI")
 if relay:
-    relay8, relays = pcieipc("relay-8"), pcieipc("relay")
-    print(f"\n# pcieipc --single-copy off (two-copy relay all-gather), same runs; ratio = relay / MPI")
-    print(f"{'8 B (us)':>12} {relay8[8][0]:>13.2f} {'':>9} {'':>6} {relay8[8][2]:>12.2f}")
-    for size in sorted(relays):
-        o, m = relays[size], theirs.get(size)
-        if m is None:
-            continue
-        print(f"{size:>12} {o[1]:>13.2f} {m[1]:>9.2f} {o[1] / m[1]:>6.2f} {o[3]:>12.2f} {m[3]:>9.2f} {o[3] / m[3]:>6.2f}")
+    relay8 = pcieipc("relay-8")
+    print(f"\n# pcieipc --single-copy off, 8 B (us): {median(relay8[8], 0):.2f} / {median(relay8[8], 2):.2f}")
+    table(pcieipc("relay"), theirs,
+          "pcieipc --single-copy off (the ring and its relay slots only), same runs; ratio = relay / MPI")
 EOF
 
 echo
