@@ -1,5 +1,6 @@
 //! Failures: a rank killed mid-operation, a rank that never joins, a rank that
-//! stops calling, calls that differ across ranks. The other ranks must return
+//! stops calling, calls that differ across ranks, a buffer peers cannot read.
+//! The other ranks must return
 //! an error naming the rank concerned, within their timeout, and leave no
 //! shared memory behind.
 
@@ -104,6 +105,72 @@ fn killed_rank_mid_ring_is_named_and_leaves_no_shared_memory() {
     killed_rank(
         "killed_rank_mid_ring_is_named_and_leaves_no_shared_memory",
         AlgorithmChoice::Fixed(Algorithm::Ring),
+    );
+}
+
+/// The first page of this process's vDSO data (`[vvar]`): readable here,
+/// but a PFN mapping, which `process_vm_readv` cannot pin (EFAULT) — as a
+/// buffer in a device's mapped BAR would be.
+fn vdso_data_page() -> &'static [u8] {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    let line = maps
+        .lines()
+        .find(|line| line.ends_with("[vvar]"))
+        .expect("a [vvar] mapping in /proc/self/maps");
+    let start = usize::from_str_radix(line.split('-').next().expect("range"), 16).expect("address");
+    // SAFETY: the kernel maps the vDSO data page readable for the whole life
+    // of the process, and nothing writes it from user space.
+    unsafe { std::slice::from_raw_parts(start as *const u8, 4096) }
+}
+
+/// A rank whose input peers cannot read (the direct all_reduce reads it with
+/// `process_vm_readv`): every rank fails at once with `PeerMemoryUnreadable`
+/// naming the reader and the owner, not after the peer timeout as an
+/// unresponsive peer.
+#[test]
+fn unreadable_peer_buffer_is_reported_at_once() {
+    const OWNER: usize = 1;
+    run_ranks(
+        "unreadable_peer_buffer_is_reported_at_once",
+        2,
+        LIMIT,
+        |role| {
+            let peer_timeout = Duration::from_secs(20);
+            let mut comm = Communicator::init(
+                &role.rendezvous,
+                role.rank,
+                role.nranks,
+                CommOptions {
+                    algorithm: AlgorithmChoice::Fixed(Algorithm::Direct),
+                    ..options(peer_timeout)
+                },
+            )
+            .expect("init");
+            let ordinary = vec![1u8; 4096];
+            let input = if role.rank == OWNER {
+                vdso_data_page()
+            } else {
+                &ordinary[..]
+            };
+            let mut output = vec![0u8; 4096];
+            let started = Instant::now();
+            match comm.all_reduce(input, &mut output, ReduceOp::Max) {
+                Err(error @ EngineError::PeerMemoryUnreadable { rank: 0, owner: OWNER, errno }) => {
+                    assert_eq!(errno, libc::EFAULT, "rank {}: {error}", role.rank);
+                    assert!(
+                        started.elapsed() < Duration::from_secs(5),
+                        "rank {}: reported after {:?}",
+                        role.rank,
+                        started.elapsed()
+                    );
+                    assert!(error.to_string().contains("--single-copy off"), "{error}");
+                }
+                other => panic!(
+                    "rank {} expected PeerMemoryUnreadable (rank 0 reading rank {OWNER}), got {other:?}",
+                    role.rank
+                ),
+            }
+        },
     );
 }
 

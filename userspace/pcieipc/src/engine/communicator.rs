@@ -29,6 +29,12 @@ const MESSAGE_HEADER_BYTES: usize = 32;
 /// a non-blocking read, kept off the path of back-to-back small calls.
 const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
 
+/// How long a read of a live peer's memory may keep failing before the peer's
+/// buffer counts as unreadable: long enough for a peer that is tearing down
+/// (its buffers freed a moment before its communicator) to show as departed
+/// or dead first.
+const UNREADABLE_GRACE: Duration = Duration::from_millis(20);
+
 /// The piece the direct algorithm reads from one peer and reduces before the
 /// next: small enough to stay in the core's cache between the two.
 const DIRECT_PIECE_BYTES: usize = 256 << 10;
@@ -752,8 +758,12 @@ impl Communicator {
     /// `output`. The owner keeps that memory as it is until we say we are
     /// done with it (the ring's all-gather: by acknowledging the message that
     /// named it; direct: by posting the call's next round). A read that fails
-    /// means the owner is exiting (`ESRCH` once its memory is gone): the
-    /// liveness checks then name it, as they do for any wait.
+    /// usually means the owner is exiting (`ESRCH` once its memory is gone):
+    /// the liveness checks then name it, as they do for any wait. A live
+    /// owner whose memory still cannot be read after `UNREADABLE_GRACE`
+    /// (`EFAULT`: a buffer in a device mapping, which the kernel will not
+    /// pin) fails the job at once with `PeerMemoryUnreadable`, instead of
+    /// after `peer_timeout` as an unresponsive peer it is not.
     fn read_peer<T: Element>(
         &self,
         owner: usize,
@@ -768,9 +778,10 @@ impl Communicator {
                 std::mem::size_of_val(output),
             )
         };
-        if read_process(self.transport.pid(owner), address, bytes).is_ok() {
+        let pid = self.transport.pid(owner);
+        let Err(mut error) = read_process(pid, address, bytes) else {
             return Ok(());
-        }
+        };
         let transport = &*self.transport;
         let started = Instant::now();
         loop {
@@ -788,6 +799,16 @@ impl Communicator {
                 return Err(transport.abort(Failure::PeerLeft { rank: owner }).into());
             }
             let waited = started.elapsed();
+            let errno = error.raw_os_error().unwrap_or(0);
+            if errno != libc::ESRCH && waited >= UNREADABLE_GRACE {
+                return Err(transport
+                    .abort(Failure::PeerMemoryUnreadable {
+                        rank: self.rank,
+                        owner,
+                        errno,
+                    })
+                    .into());
+            }
             if waited >= self.options.peer_timeout {
                 return Err(transport
                     .abort(Failure::PeerUnresponsive {
@@ -797,6 +818,10 @@ impl Communicator {
                     .into());
             }
             std::thread::sleep(Duration::from_millis(1));
+            match read_process(pid, address, bytes) {
+                Ok(()) => return Ok(()),
+                Err(again) => error = again,
+            }
         }
     }
 

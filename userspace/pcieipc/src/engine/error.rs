@@ -85,6 +85,19 @@ pub enum EngineError {
         peer_call: CallDescriptor,
     },
 
+    #[error(
+        "rank {rank} could not read rank {owner}'s buffer with process_vm_readv ({}): \
+         single-copy reads need buffers in ordinary process memory, not a device mapping; \
+         turn them off for such buffers (CommOptions::single_copy = false, \
+         pcieipc bench --single-copy off)",
+        io::Error::from_raw_os_error(*errno)
+    )]
+    PeerMemoryUnreadable {
+        rank: usize,
+        owner: usize,
+        errno: i32,
+    },
+
     #[error("{what}: got {got} elements, expected {expected}")]
     BufferLength {
         what: &'static str,

@@ -29,6 +29,12 @@ pub enum Failure {
         peer: usize,
         peer_call: CallDescriptor,
     },
+    /// Rank `rank` could not read rank `owner`'s buffer (single-copy reads).
+    PeerMemoryUnreadable {
+        rank: usize,
+        owner: usize,
+        errno: i32,
+    },
 }
 
 /// Words in the shared abort record.
@@ -57,6 +63,9 @@ impl Failure {
                 words[3..6].copy_from_slice(&call.to_words());
                 words[6..9].copy_from_slice(&peer_call.to_words());
             }
+            Failure::PeerMemoryUnreadable { rank, owner, errno } => {
+                words[..4].copy_from_slice(&[5, rank as u64, owner as u64, errno as u64]);
+            }
         }
         words
     }
@@ -82,6 +91,11 @@ impl Failure {
                 call: call(3)?,
                 peer_call: call(6)?,
             },
+            5 => Failure::PeerMemoryUnreadable {
+                rank: words[1] as usize,
+                owner: words[2] as usize,
+                errno: words[3] as i32,
+            },
             _ => return None,
         })
     }
@@ -106,6 +120,9 @@ impl From<Failure> for EngineError {
                 peer,
                 peer_call,
             },
+            Failure::PeerMemoryUnreadable { rank, owner, errno } => {
+                EngineError::PeerMemoryUnreadable { rank, owner, errno }
+            }
         }
     }
 }
