@@ -3,15 +3,17 @@
 //! them; with `--rank` it is one rank of such a job. Rank 0 prints the table (or
 //! the JSON of docs/schemas/bench-v1.schema.json).
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerRead, PeerToPeer};
 use pcieipc::engine::{
-    bf16, f16, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element, ReduceOp,
-    TransportKind, UnknownTransport,
+    bf16, f16, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element, LinkFacts,
+    ReduceOp, TransportKind, UnknownTransport,
 };
+use pcieipc::probe::{Bdf, HealthModel, Topology};
 use serde_json::json;
 
 use crate::bench_collective::Collective;
@@ -121,6 +123,16 @@ pub struct Args {
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
     late_peer_ms: Option<u64>,
+    /// shm: the PCI function whose path to its host bridge the ranks' data
+    /// crosses, comma-separated per rank (one serves all). Each rank's chunk
+    /// then follows that path's bottleneck link and health as the probe sees
+    /// them under --sysfs-root, instead of host memory's table by message size.
+    #[arg(long, value_name = "BDF[,BDF...]", value_delimiter = ',')]
+    link_of: Vec<Bdf>,
+    /// The sysfs tree --link-of probes: `/` on a live machine, a fixture's
+    /// directory in tests.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    sysfs_root: PathBuf,
     /// Bind rank r to CPU r when there are at least as many CPUs as ranks, as
     /// mpirun does; `none` (or more ranks than CPUs) leaves placement to the
     /// scheduler.
@@ -182,6 +194,10 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
             bail!("--transport cuda: this machine has no GPU");
         }
     }
+    // Bad --link-of values fail here once, not in every rank.
+    for rank in 0..args.nranks {
+        link_of(args, rank)?;
+    }
     let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
     let rendezvous = format!("bench-{}", std::process::id());
     let passed: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -232,12 +248,49 @@ fn options(args: &Args, rank: usize) -> CommOptions {
     }
 }
 
+/// The link `--link-of` gives `rank`, as the probe sees it.
+fn link_of(args: &Args, rank: usize) -> anyhow::Result<Option<LinkFacts>> {
+    let bdf = match args.link_of.as_slice() {
+        [] => return Ok(None),
+        [one] => *one,
+        per_rank if per_rank.len() == args.nranks => per_rank[rank],
+        per_rank => bail!(
+            "--link-of names {} functions for {} ranks: give one for all, or one per rank",
+            per_rank.len(),
+            args.nranks
+        ),
+    };
+    if !matches!(args.transport, BenchTransport::Host(TransportKind::Shm)) {
+        bail!(
+            "--link-of is for --transport shm: the pcieipc transport follows its device's \
+             link through the module, and the CUDA transport's chunk is fixed"
+        );
+    }
+    let root = &args.sysfs_root;
+    let topology = Topology::from_sysfs_root(root, HealthModel::default())
+        .with_context(|| format!("--link-of: probing sysfs under {}", root.display()))?;
+    let device = topology.find(bdf).with_context(|| {
+        format!(
+            "--link-of: no PCI function {bdf} under {}",
+            root.join("sys").display()
+        )
+    })?;
+    let facts = LinkFacts::of_device(&topology, device).with_context(|| {
+        format!("--link-of: no link of known speed and width between {bdf} and its host bridge")
+    })?;
+    Ok(Some(facts))
+}
+
 fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCode> {
     let joining = || format!("rank {rank} joining {rendezvous:?}");
     match args.transport {
         BenchTransport::Host(_) => {
-            let comm = Communicator::init(rendezvous, rank, args.nranks, options(args, rank))
-                .with_context(joining)?;
+            let options = CommOptions {
+                link: link_of(args, rank)?,
+                ..options(args, rank)
+            };
+            let comm =
+                Communicator::init(rendezvous, rank, args.nranks, options).with_context(joining)?;
             let init = comm.init_time();
             run_collective(comm, args, init)
         }

@@ -540,3 +540,28 @@ fn gpu_in_an_x8_slot_is_narrow_not_degraded() {
         narrow[0].evidence
     );
 }
+
+/// The engine's chunk policy fed from the probe: each GPU's path to its host
+/// bridge as link facts. GPU2 sits behind the x8 uplink (Gen4, so not the
+/// policy's degraded Gen3 x8 rule), GPU6 is sub-healthy (AER errors: 256 KiB
+/// chunks), GPU7 is idle at 2.5 GT/s but retrains to 16 under load (so not
+/// Gen2's 64 KiB).
+#[test]
+fn link_facts_for_the_chunk_policy_come_from_the_probe() {
+    use pcieipc::engine::{ChunkPolicy, LinkFacts};
+    let topology = probe("dgx8");
+    let facts = |text: &str| LinkFacts::of_device(&topology, index(&topology, text)).unwrap();
+    let summary = |facts: LinkFacts| (facts.speed_gt_s, facts.width, facts.recent_aer_errors);
+    assert_eq!(summary(facts("0000:05:00.0")), (16.0, 16, 0));
+    assert_eq!(summary(facts("0000:0a:00.0")), (16.0, 8, 0));
+    assert_eq!(summary(facts("0000:8a:00.0")), (16.0, 16, 1));
+    assert_eq!(summary(facts("0000:8b:00.0")), (16.0, 16, 0));
+    let policy = ChunkPolicy::default();
+    let chunk = |text: &str| policy.chunk_bytes(Some(&facts(text)), 64 << 20);
+    assert_eq!(chunk("0000:05:00.0"), 1 << 20);
+    assert_eq!(chunk("0000:0a:00.0"), 1 << 20);
+    assert_eq!(chunk("0000:8a:00.0"), 256 << 10);
+    assert_eq!(chunk("0000:8b:00.0"), 1 << 20);
+    // A host bridge has no link above it.
+    assert!(LinkFacts::of_device(&topology, index(&topology, "0000:00:00.0")).is_none());
+}

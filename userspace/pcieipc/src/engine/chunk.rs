@@ -8,6 +8,8 @@
 //! link; the rank that decides a call's chunk takes the smallest chunk any
 //! rank's link asks for (see docs/engine.md).
 
+use crate::probe::{LinkState, Topology};
+
 /// What the engine needs to know about the link under a ring hop.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkFacts {
@@ -19,6 +21,39 @@ pub struct LinkFacts {
     /// those of the last minute): a rising count means replays, which favour
     /// smaller chunks.
     pub recent_aer_errors: u64,
+}
+
+impl LinkFacts {
+    /// What the probe knows of the path from `device` up to its host bridge,
+    /// as the facts of one link: the path's bottleneck by effective bandwidth
+    /// (an idle-downshifted GPU link at the speed it retrains to under load,
+    /// not the idle speed), its speed and width, and as recent AER errors the
+    /// number of links on the path whose health the probe's model calls
+    /// sub-healthy (sysfs counts errors since boot, so this is the probe's
+    /// judgement, not a rate). `None` when no link on the path has a known
+    /// speed and width.
+    pub fn of_device(topology: &Topology, device: usize) -> Option<LinkFacts> {
+        let links = topology.links_to_root(device);
+        let (bottleneck, _) = topology.bottleneck(&links)?;
+        let link = &topology.links[bottleneck];
+        let speed = match link.state {
+            LinkState::IdleDownshiftLikely => link.max_speed,
+            _ => link.current_speed,
+        }?;
+        let sub_healthy = links
+            .iter()
+            .filter(|&&link| {
+                topology.links[link]
+                    .health
+                    .is_some_and(|score| topology.health_model.is_sub_healthy(score))
+            })
+            .count();
+        Some(LinkFacts {
+            speed_gt_s: speed.gigatransfers_per_second() as f32,
+            width: link.current_width?,
+            recent_aer_errors: sub_healthy as u64,
+        })
+    }
 }
 
 /// `LinkFacts` as one word of a rank's control block; 0 is no link.
