@@ -52,7 +52,7 @@ pub struct CallDescriptor {
     pub root: u32,
     pub algorithm: Algorithm,
     /// The chunk size the ring or broadcast moves the call in, decided by one
-    /// rank for all (docs/engine.md); 0 for the one-shot path, and while a
+    /// rank for all (docs/engine.md); 0 for the one-shot and direct paths, and while a
     /// broadcast rank has yet to learn it from the message it receives.
     pub chunk_bytes: u32,
 }

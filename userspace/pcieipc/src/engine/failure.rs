@@ -126,3 +126,45 @@ impl From<Failure> for EngineError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Algorithm, CallKind, DType, ReduceOp};
+
+    #[test]
+    fn every_failure_survives_the_shared_abort_record() {
+        let call = CallDescriptor {
+            kind: CallKind::AllReduce,
+            dtype: DType::F32,
+            op: Some(ReduceOp::Sum),
+            count: 1 << 20,
+            root: 0,
+            algorithm: Algorithm::Direct,
+            chunk_bytes: 0,
+        };
+        let failures = [
+            Failure::PeerDied { rank: 3, pid: 4242 },
+            Failure::PeerLeft { rank: 1 },
+            Failure::PeerUnresponsive {
+                rank: 2,
+                waited: Duration::from_millis(60_000),
+            },
+            Failure::MismatchedCall {
+                rank: 0,
+                call,
+                peer: 5,
+                peer_call: CallDescriptor { count: 7, ..call },
+            },
+            Failure::PeerMemoryUnreadable {
+                rank: 0,
+                owner: 1,
+                errno: libc::EFAULT,
+            },
+        ];
+        for failure in failures {
+            assert_eq!(Failure::from_words(failure.to_words()), Some(failure));
+        }
+        assert_eq!(Failure::from_words([0; FAILURE_WORDS]), None);
+    }
+}
