@@ -218,7 +218,7 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("waiting for rank {rank}"))?;
         if !status.success() && !failed {
             failed = true;
-            eprintln!("pcieipc bench: rank {rank} {status}");
+            crate::eprint_line(&format!("pcieipc bench: rank {rank} {status}"));
             exit = ExitCode::from(status.code().map_or(2, |code| code.clamp(1, 255) as u8));
         }
     }

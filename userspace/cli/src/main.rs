@@ -1,6 +1,7 @@
 //! `pcieipc`: the command-line front end. Each subcommand lives in its own
 //! file and only parses flags, calls the library and prints.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -50,8 +51,16 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("pcieipc: error: {err:#}");
+            eprint_line(&format!("pcieipc: error: {err:#}"));
             ExitCode::from(2)
         }
     }
+}
+
+/// Writes `line` and a newline to stderr in one write: the ranks of a bench
+/// job share their parent's stderr, and `eprintln!` writes each formatted
+/// piece apart, so two ranks' errors interleaved mid-line.
+pub(crate) fn eprint_line(line: &str) {
+    // Nothing sensible is left to do when stderr itself fails.
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
