@@ -582,4 +582,30 @@ fn single_rank_is_a_copy() {
     let mut gathered = [0.0f32; 3];
     comm.all_gather(&input, &mut gathered).expect("all_gather");
     assert_eq!(gathered, input);
+    // Buffers of the wrong length are refused, naming both lengths, and
+    // leave the output alone.
+    let mut short = [7.0f32; 2];
+    let refused =
+        |result: Result<(), EngineError>, what: &str, got: usize, expected: usize| match result {
+            Err(EngineError::BufferLength {
+                what: named,
+                got: g,
+                expected: e,
+            }) => assert_eq!((named.starts_with(what), g, e), (true, got, expected)),
+            other => panic!("{what}: expected BufferLength, got {other:?}"),
+        };
+    refused(
+        comm.all_reduce(&input, &mut short, ReduceOp::Sum),
+        "all_reduce",
+        2,
+        3,
+    );
+    refused(
+        comm.reduce_scatter(&input, &mut short, ReduceOp::Sum),
+        "reduce_scatter",
+        3,
+        2,
+    );
+    refused(comm.all_gather(&input, &mut short), "all_gather", 2, 3);
+    assert_eq!(short, [7.0f32; 2]);
 }

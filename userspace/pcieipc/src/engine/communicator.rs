@@ -457,13 +457,7 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), EngineError> {
-        if input.len() != output.len() {
-            return Err(EngineError::BufferLength {
-                what: "all_reduce output",
-                got: output.len(),
-                expected: input.len(),
-            });
-        }
+        EngineError::check_length("all_reduce output", output.len(), input.len())?;
         self.all_reduce_buffers(Buffers::OutOfPlace { input, output }, op)
     }
 
@@ -484,13 +478,11 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), EngineError> {
-        if input.len() != output.len() * self.nranks {
-            return Err(EngineError::BufferLength {
-                what: "reduce_scatter input (N × output)",
-                got: input.len(),
-                expected: output.len() * self.nranks,
-            });
-        }
+        EngineError::check_length(
+            "reduce_scatter input (N × output)",
+            input.len(),
+            output.len() * self.nranks,
+        )?;
         let call = self.begin(
             CallKind::ReduceScatter,
             T::DTYPE,
@@ -514,13 +506,11 @@ impl Communicator {
         input: &[T],
         output: &mut [T],
     ) -> Result<(), EngineError> {
-        if output.len() != input.len() * self.nranks {
-            return Err(EngineError::BufferLength {
-                what: "all_gather output (N × input)",
-                got: output.len(),
-                expected: input.len() * self.nranks,
-            });
-        }
+        EngineError::check_length(
+            "all_gather output (N × input)",
+            output.len(),
+            input.len() * self.nranks,
+        )?;
         let call = self.begin(
             CallKind::AllGather,
             T::DTYPE,

@@ -6,6 +6,25 @@ use std::time::Duration;
 
 use super::call::CallDescriptor;
 
+impl EngineError {
+    /// `BufferLength` unless a buffer holds the `expected` elements.
+    pub(crate) fn check_length(
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    ) -> Result<(), EngineError> {
+        if got == expected {
+            Ok(())
+        } else {
+            Err(EngineError::BufferLength {
+                what,
+                got,
+                expected,
+            })
+        }
+    }
+}
+
 /// Why a collective or the rendezvous failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -389,13 +389,7 @@ impl CudaCommunicator {
         output: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<(), EngineError> {
-        if input.len() != output.len() {
-            return Err(EngineError::BufferLength {
-                what: "all_reduce output",
-                got: output.len(),
-                expected: input.len(),
-            });
-        }
+        EngineError::check_length("all_reduce output", output.len(), input.len())?;
         self.all_reduce_at::<T>(input, output.address(), op)
             .and_then(|staged| match staged {
                 Some(host) => output.copy_from_host(&host).map_err(cuda(self.rank)),
