@@ -27,16 +27,17 @@ for n in 2 4; do
             allreduce $count --nranks $n --chunk-bytes 64K -b $size -e $size -d float -o sum
     done
     cat /tmp/allreduce.out
-    # Every other dtype with an op, on the ring with 1 KiB chunks (a message
-    # crosses many chunks and slots) and on the one-shot path.
-    for spec in "double prod" "half min" "bfloat16 avg" "int32 max" "int64 sum" "uint8 prod"; do
-        set -- $spec
-        for count in $((n + 1)) 1009; do
-            size=$((count * $(bytes_of $1)))
-            check "N=$n $1 $2, $count elements, ring with 1 KiB chunks: exact" \
-                allreduce $count --nranks $n --chunk-bytes 1K --algorithm ring -b $size -e $size -d $1 -o $2
-            check "N=$n $1 $2, $count elements, one-shot: exact" \
-                allreduce $count --nranks $n --chunk-bytes 64K --algorithm one-shot -b $size -e $size -d $1 -o $2
+    # Every dtype × op, on the ring with 1 KiB chunks (a message crosses many
+    # chunks and slots) and on the one-shot path.
+    for dtype in float double half bfloat16 int32 int64 uint8; do
+        for op in sum prod min max avg; do
+            for count in $((n + 1)) 1009; do
+                size=$((count * $(bytes_of $dtype)))
+                check "N=$n $dtype $op, $count elements, ring with 1 KiB chunks: exact" \
+                    allreduce $count --nranks $n --chunk-bytes 1K --algorithm ring -b $size -e $size -d $dtype -o $op
+                check "N=$n $dtype $op, $count elements, one-shot: exact" \
+                    allreduce $count --nranks $n --chunk-bytes 64K --algorithm one-shot -b $size -e $size -d $dtype -o $op
+            done
         done
     done
     check "N=$n 8-byte latency over 200 checked iterations" sh -c "
