@@ -2,20 +2,19 @@
 
 //! mmap of BAR windows: the file offset names (device index, BAR, offset in
 //! the BAR), as VFIO's region offsets do; the window is remapped uncached.
-//!
-//! 7.3 has no abstraction to remap device memory into userspace: this file is
-//! the one place that calls `remap_pfn_range` on a `VmaNew`, and that zaps a
-//! device's windows when it goes away (a later access gets SIGBUS instead of
-//! reaching a BAR the module no longer owns).
+//! The driver zaps a device's windows when it goes away (a later access gets
+//! SIGBUS instead of reaching a BAR the module no longer owns).
 
 use kernel::{
-    bindings,
     mm::virt::{flags, VmaNew},
-    page::PAGE_SHIFT,
     prelude::*,
 };
 
-use crate::{device_ioctls::require_sys_admin, registry, uapi};
+use crate::{
+    capability::require_sys_admin,
+    registry, uapi,
+    user_mapping::{self, HeldInode},
+};
 
 const BAR_SHIFT: u32 = uapi::PCIEIPC_MMAP_BAR_SHIFT;
 const INDEX_SHIFT: u32 = uapi::PCIEIPC_MMAP_INDEX_SHIFT;
@@ -25,16 +24,10 @@ pub(crate) fn mmap_offset(index: u32, bar: u32) -> u64 {
     (u64::from(index) << INDEX_SHIFT) | (u64::from(bar) << BAR_SHIFT)
 }
 
-extern "C" {
-    /// `pgprot_noncached` (helpers.c).
-    fn pcieipc_pgprot_noncached(prot: bindings::pgprot_t) -> bindings::pgprot_t;
-}
-
 /// The inodes (device nodes of /dev/pcieipc) that BAR windows were mapped
-/// through, each held (`ihold`) until the module unloads: their address
-/// spaces hold every window, by file offset. Stored as addresses: raw
-/// pointers are not `Send`.
-pub(crate) struct MappedInodes(KVec<usize>);
+/// through, each held until the module unloads: their address spaces hold
+/// every window, by file offset.
+pub(crate) struct MappedInodes(KVec<HeldInode>);
 
 kernel::sync::global_lock! {
     // SAFETY: initialised by `init` in the module initialiser, before the
@@ -55,29 +48,15 @@ pub(crate) unsafe fn init() {
 /// Releases the held inodes at module unload (no file, hence no window, is
 /// left then).
 pub(crate) fn release_inodes() {
-    let mut mapped = MAPPED.lock();
-    for &inode in mapped.0.iter() {
-        // SAFETY: held by `ihold` in `mmap`, released once here.
-        unsafe { bindings::iput(inode as *mut bindings::inode) };
-    }
-    mapped.0.clear();
+    MAPPED.lock().0.clear();
 }
 
 /// Zaps every window of device `index` in every process (unbind, removal).
 /// Called after the device is marked gone, so no new window appears.
 pub(crate) fn zap_device(index: u32) {
     let mapped = MAPPED.lock();
-    for &inode in mapped.0.iter() {
-        // SAFETY: the inode is held (`ihold`), so its address space lives;
-        // the range is exactly the offsets of this device's windows.
-        unsafe {
-            bindings::unmap_mapping_range(
-                (*(inode as *mut bindings::inode)).i_mapping,
-                mmap_offset(index, 0) as i64,
-                1i64 << INDEX_SHIFT,
-                1,
-            )
-        };
+    for inode in mapped.0.iter() {
+        inode.zap(mmap_offset(index, 0), 1u64 << INDEX_SHIFT);
     }
 }
 
@@ -108,44 +87,22 @@ pub(crate) fn mmap(vma: &VmaNew, offset: u64) -> Result {
     if end > info.size {
         return Err(EINVAL);
     }
-    vma.set_dontcopy();
-    let phys = info.start + in_bar;
-    // SAFETY: `vma` is a VMA under construction whose pages are not yet
-    // mapped; [phys, phys + len) lies inside a memory BAR of a bound device
-    // (checked above), page aligned (BARs of at least a page are aligned to
-    // their size; `in_bar` is a page multiple). remap_pfn_range marks the VMA
-    // VM_IO | VM_PFNMAP, so the core never treats these pages as RAM.
-    let ret = unsafe {
-        let raw = vma.as_ptr();
-        (*raw).vm_page_prot = pcieipc_pgprot_noncached((*raw).vm_page_prot);
-        bindings::remap_pfn_range(
-            raw,
-            vma.start(),
-            (phys >> PAGE_SHIFT) as usize,
-            len as usize,
-            (*raw).vm_page_prot,
-        )
+    // Room first: once mapped, the window must be zappable.
+    let held = if mapped.0.iter().any(|inode| inode.maps(vma)) {
+        None
+    } else {
+        mapped.0.reserve(1, GFP_KERNEL)?;
+        Some(HeldInode::hold(vma)?)
     };
-    kernel::error::to_result(ret)?;
-    // SAFETY: a VMA under construction of a file of this misc device: its
-    // file and the file's mapping and inode are live.
-    let inode = unsafe { (*(*(*vma.as_ptr()).vm_file).f_mapping).host } as usize;
-    if !mapped.0.contains(&inode) {
-        mapped.0.push(inode, GFP_KERNEL)?;
-        // SAFETY: `inode` is live (above); released in `release_inodes`.
-        unsafe { bindings::ihold(inode as *mut bindings::inode) };
+    vma.set_dontcopy();
+    // SAFETY: the range lies inside a memory BAR of a bound device (checked
+    // above, under `MAPPED`, so `zap_device` unmaps it when the device goes,
+    // before its regions are released); it is page aligned (BARs of at least
+    // a page are aligned to their size; `in_bar` and `len` are page
+    // multiples), and `len` is the VMA's length.
+    unsafe { user_mapping::remap_uncached(vma, info.start + in_bar, len as usize) }?;
+    if let Some(held) = held {
+        mapped.0.push_within_capacity(held).map_err(|_| ENOMEM)?;
     }
     Ok(())
-}
-
-/// The file offset of `vma` (a VMA under construction), or EINVAL when it
-/// does not fit 64 bits.
-pub(crate) fn file_offset(vma: &VmaNew) -> Result<u64> {
-    // SAFETY: `vma` is a VMA under construction; `vm_pgoff` is plain data.
-    let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
-    let offset = pgoff.checked_shl(PAGE_SHIFT as u32).ok_or(EINVAL)?;
-    if offset >> PAGE_SHIFT != pgoff {
-        return Err(EINVAL);
-    }
-    Ok(offset)
 }

@@ -8,7 +8,10 @@
 
 use kernel::{bindings, device::Bound, pci, prelude::*};
 
-use crate::{bound_device::BarInfo, pci_info, uapi};
+use crate::{
+    pci_info::{self, BarInfo},
+    uapi,
+};
 
 pub(crate) struct BarRegions<'bound> {
     pdev: &'bound pci::Device<Bound>,

@@ -18,6 +18,7 @@ use kernel::{
 
 use crate::{
     dma_engine::{CopyEngine, CpuEngine, EduCopyEngine, EduEngine, Transfer, EDU_IRQ_DMA},
+    pci_info::{BarInfo, MappedBar},
     uapi,
 };
 
@@ -50,16 +51,6 @@ impl DeviceKind {
     }
 }
 
-/// One BAR as probe found it.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct BarInfo {
-    /// Bus-independent physical start (what `remap_pfn_range` takes).
-    pub(crate) start: u64,
-    pub(crate) size: u64,
-    /// `PCIEIPC_BAR_*` flags.
-    pub(crate) flags: u32,
-}
-
 /// The identity of a device, fixed at probe.
 pub(crate) struct DeviceInfo {
     pub(crate) bdf: u32,
@@ -85,10 +76,6 @@ struct Events {
     /// EIO even if recovery already thawed the device.
     errors: u64,
 }
-
-/// A BAR mapped into the kernel (registers, or a window that copies reach),
-/// revoked on unbind.
-pub(crate) type MappedBar = pci::DevresBar;
 
 #[pin_data]
 pub(crate) struct BoundDevice {
@@ -187,13 +174,12 @@ impl BoundDevice {
         }
     }
 
-    /// Marks the device gone (unbind), wakes every waiter, zaps its BAR
-    /// windows in every process, and stops its DMA engine (waiting for a
-    /// command in flight to end).
+    /// Marks the device gone, wakes every waiter, and stops its DMA engine
+    /// (waiting for a command in flight to end). Its users' BAR windows are
+    /// the driver's to zap (`pci_driver::device_gone`).
     pub(crate) fn mark_gone(&self) {
         self.events.lock().state = uapi::PCIEIPC_STATE_GONE;
         self.changed.notify_all();
-        crate::bar_mmap::zap_device(self.index);
         if let Some(regs) = &self.regs {
             self.edu_dma.close(regs);
         }
@@ -237,8 +223,9 @@ impl BoundDevice {
 
     /// Blocks until the count of `vector` exceeds `last_seen` and returns it,
     /// or fails: `ETIMEDOUT`, `EINTR` (signal), `ENODEV` (gone), `EIO`
-    /// (frozen, or a PCI error was reported during the wait). The check and the sleep happen under the lock the IRQ
-    /// handler takes, so no interrupt is missed between them.
+    /// (frozen, or a PCI error was reported during the wait). The check and
+    /// the sleep happen under the lock the IRQ handler takes, so no interrupt
+    /// is missed between them.
     pub(crate) fn wait(&self, vector: usize, last_seen: u64, timeout_ms: u32) -> Result<u64> {
         if vector >= self.info.num_vectors {
             return Err(EINVAL);

@@ -3,24 +3,29 @@
 //! `/dev/pcieipc`: one `PcieIpcFile` per open file; ioctl dispatch.
 
 use kernel::{
-    fs::{file::flags::O_NONBLOCK, File, Kiocb},
+    fs::{File, Kiocb},
     iov::IovIterDest,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
     mm::virt::VmaNew,
     new_mutex,
     prelude::*,
-    sync::{Arc, Mutex},
+    sync::{poll::PollCondVar, Arc, Mutex},
     transmute::AsBytes,
 };
 
 use crate::{
     bar_mmap, device_ioctls,
     dma_ioctls::{self, DmaFile},
-    events::EventLog,
     fault::{self, FaultState},
-    poll, registry,
+    poll::{self, Poll},
+    registry,
     uapi::{self, ArgszArg},
+    user_mapping,
 };
+
+/// The module version reported by `PCIEIPC_IOC_VERSION`; the userspace
+/// packages carry the same version (checked by the testbed's guest test).
+pub(crate) const MODULE_VERSION: &CStr = c"0.1.0";
 
 /// Per-open-file state: the file's DMA buffers and tickets, and its cursor
 /// in the event log.
@@ -34,12 +39,13 @@ pub(crate) struct PcieIpcFile {
     event_cursor: Mutex<u64>,
 }
 
-impl PcieIpcFile {
-    pub(crate) fn events(&self) -> &EventLog {
-        &self.fault.events
+impl Poll for PcieIpcFile {
+    fn poll_condvar(&self) -> &PollCondVar {
+        self.fault.events.poll_condvar()
     }
 
-    pub(crate) fn has_events(&self) -> bool {
+    /// Whether this file's cursor has events to read.
+    fn readable(&self) -> bool {
         let cursor = *self.event_cursor.lock();
         self.fault.events.readable_at(cursor)
     }
@@ -60,7 +66,7 @@ impl MiscDevice for PcieIpcFile {
             }),
             GFP_KERNEL,
         )?;
-        poll::install(file);
+        poll::install::<Self>(file);
         Ok(me)
     }
 
@@ -83,7 +89,7 @@ impl MiscDevice for PcieIpcFile {
     }
 
     fn mmap(me: Pin<&PcieIpcFile>, _file: &File, vma: &VmaNew) -> Result {
-        let offset = bar_mmap::file_offset(vma)?;
+        let offset = user_mapping::file_offset(vma)?;
         if offset & uapi::PCIEIPC_MMAP_DMA != 0 {
             dma_ioctls::mmap(&me.dma, vma, offset)
         } else {
@@ -98,8 +104,7 @@ impl MiscDevice for PcieIpcFile {
         if max == 0 {
             return Err(EINVAL);
         }
-        // SAFETY: the kiocb of a read on an open file points to that file.
-        let nonblocking = unsafe { (*(*kiocb.as_raw()).ki_filp).f_flags } & O_NONBLOCK != 0;
+        let nonblocking = poll::nonblocking(&kiocb);
         let me = kiocb.file();
         let mut cursor = me.event_cursor.lock();
         let events = me.fault.events.take(&mut cursor, max, nonblocking)?;
@@ -131,7 +136,7 @@ fn version(arg: usize) -> Result<isize> {
     reply.abi_minor = uapi::PCIEIPC_ABI_MINOR as u16;
     reply.bound_devices = registry::bound_count();
     reply.module_version = [0; uapi::PCIEIPC_VERSION_STRING_LEN as usize];
-    let version = crate::MODULE_VERSION.to_bytes();
+    let version = MODULE_VERSION.to_bytes();
     for (dst, &src) in reply.module_version.iter_mut().zip(version) {
         *dst = src as core::ffi::c_char;
     }

@@ -3,7 +3,6 @@
 //! The ioctls on bound devices: LIST, WAIT, COUNTERS, RING.
 
 use kernel::{
-    bindings,
     io::Io,
     prelude::*,
     transmute::AsBytes,
@@ -11,21 +10,12 @@ use kernel::{
 };
 
 use crate::{
+    bar_mmap,
     bound_device::{BoundDevice, DeviceKind},
+    capability::require_sys_admin,
     registry,
     uapi::{self, ArgszArg},
 };
-
-/// Fails with `EPERM` unless the caller has CAP_SYS_ADMIN: required by every
-/// operation that touches hardware.
-pub(crate) fn require_sys_admin() -> Result {
-    // SAFETY: `capable` only reads the current task's credentials.
-    if unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) } {
-        Ok(())
-    } else {
-        Err(EPERM)
-    }
-}
 
 fn device_info(device: &BoundDevice) -> uapi::pcieipc_device_info {
     let info = &device.info;
@@ -48,7 +38,7 @@ fn device_info(device: &BoundDevice) -> uapi::pcieipc_device_info {
     for (bar, (dst, src)) in out.bars.iter_mut().zip(info.bars.iter()).enumerate() {
         dst.size = src.size;
         dst.flags = src.flags;
-        dst.mmap_offset = crate::bar_mmap::mmap_offset(device.index, bar as u32);
+        dst.mmap_offset = bar_mmap::mmap_offset(device.index, bar as u32);
     }
     out
 }

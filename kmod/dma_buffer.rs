@@ -162,7 +162,7 @@ impl DmaBuffer {
         // (it belongs to the file, which the mapping holds open).
         let ret = unsafe {
             let raw = vma.as_ptr();
-            (*raw).vm_pgoff = (offset / PAGE_SIZE) as _;
+            (*raw).vm_pgoff = offset / PAGE_SIZE;
             bindings::dma_mmap_attrs(
                 raw_device(&self.dev),
                 raw,

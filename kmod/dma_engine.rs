@@ -14,7 +14,7 @@ use kernel::{
     time::{delay::fsleep, msecs_to_jiffies, Delta, Jiffies},
 };
 
-use crate::{bound_device::MappedBar, dma_buffer::DmaBuffer, uapi};
+use crate::{dma_buffer::DmaBuffer, pci_info::MappedBar, uapi};
 
 /// How a copy ended; waited on by DMA_WAIT.
 #[pin_data]

@@ -8,7 +8,7 @@
 use kernel::{mm::virt::VmaNew, prelude::*, sync::Arc};
 
 use crate::{
-    device_ioctls::require_sys_admin,
+    capability::require_sys_admin,
     dma_buffer::DmaBuffer,
     dma_engine::{CpuEngine, Ticket, Transfer},
     registry,

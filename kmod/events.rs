@@ -5,10 +5,10 @@
 //! reader that fell behind (never a silent gap).
 
 use kernel::{
-    bindings,
     new_mutex, new_poll_condvar,
     prelude::*,
     sync::{poll::PollCondVar, Mutex},
+    time::{ClockSource, Monotonic},
 };
 
 use crate::uapi::{self, pcieipc_event};
@@ -36,10 +36,9 @@ pub(crate) struct EventLog {
     readable: PollCondVar,
 }
 
-/// Monotonic time in nanoseconds.
-pub(crate) fn now_ns() -> u64 {
-    // SAFETY: `ktime_get` has no preconditions.
-    unsafe { bindings::ktime_get() as u64 }
+/// Monotonic time in nanoseconds (CLOCK_MONOTONIC, as the header says).
+fn now_ns() -> u64 {
+    Monotonic::ktime_get() as u64
 }
 
 impl EventLog {
@@ -92,7 +91,12 @@ impl EventLog {
     /// OVERFLOW record with the number of events it lost. Blocks until there
     /// is something unless `nonblocking` (then EAGAIN); a signal gives
     /// ERESTARTSYS.
-    pub(crate) fn take(&self, cursor: &mut u64, max: usize, nonblocking: bool) -> Result<KVec<pcieipc_event>> {
+    pub(crate) fn take(
+        &self,
+        cursor: &mut u64,
+        max: usize,
+        nonblocking: bool,
+    ) -> Result<KVec<pcieipc_event>> {
         let mut ring = self.ring.lock();
         while *cursor >= ring.next_seq {
             if nonblocking {

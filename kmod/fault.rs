@@ -4,13 +4,14 @@
 //! LINK_STATUS, LINK_RETRAIN, WATCH.
 
 use kernel::{
-    bindings, new_mutex,
+    new_mutex,
     prelude::*,
     sync::{Arc, Mutex},
     time::{Instant, Monotonic},
 };
 
 use crate::{
+    capability::require_sys_admin,
     events::EventLog,
     link,
     pci_function::PciFunction,
@@ -34,9 +35,13 @@ kernel::sync::global_lock! {
     unsafe(uninit) static FAULT_STATE: Mutex<Option<Arc<FaultState>>> = None;
 }
 
-/// Creates the module-wide state; called once from the module initialiser.
-pub(crate) fn init() -> Result {
-    // SAFETY: called exactly once, from the module initialiser.
+/// Creates the module-wide state.
+///
+/// # Safety
+///
+/// Called once, before any other function of this module.
+pub(crate) unsafe fn init() -> Result {
+    // SAFETY: by this function's requirement, called once before first use.
     unsafe { FAULT_STATE.init() };
     let state = Arc::pin_init(
         try_pin_init!(FaultState {
@@ -77,18 +82,10 @@ pub(crate) fn device_removed(bdf: u32) {
     }
 }
 
-fn require_admin() -> Result {
-    // SAFETY: `capable` checks the current task's credentials.
-    if unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) } {
-        Ok(())
-    } else {
-        Err(EPERM)
-    }
-}
-
 /// `PCIEIPC_IOC_LINK_STATUS`.
 pub(crate) fn link_status(arg: usize) -> Result<isize> {
-    let mut arg = ArgszArg::<uapi::pcieipc_link_status>::read(arg, size_of::<uapi::pcieipc_link_status>())?;
+    let mut arg =
+        ArgszArg::<uapi::pcieipc_link_status>::read(arg, size_of::<uapi::pcieipc_link_status>())?;
     if arg.value.flags != 0 {
         return Err(EINVAL);
     }
@@ -102,8 +99,9 @@ pub(crate) fn link_status(arg: usize) -> Result<isize> {
 
 /// `PCIEIPC_IOC_LINK_RETRAIN`.
 pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
-    require_admin()?;
-    let mut arg = ArgszArg::<uapi::pcieipc_link_retrain>::read(arg, size_of::<uapi::pcieipc_link_retrain>())?;
+    require_sys_admin()?;
+    let mut arg =
+        ArgszArg::<uapi::pcieipc_link_retrain>::read(arg, size_of::<uapi::pcieipc_link_retrain>())?;
     if arg.value.flags != 0 || arg.value.reserved != [0; 3] || arg.value.target_speed > 6 {
         return Err(EINVAL);
     }
@@ -130,7 +128,7 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
 
 /// `PCIEIPC_IOC_RESET`.
 pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
-    require_admin()?;
+    require_sys_admin()?;
     let mut arg = ArgszArg::<uapi::pcieipc_reset>::read(arg, size_of::<uapi::pcieipc_reset>())?;
     if arg.value.flags != 0 {
         return Err(EINVAL);
@@ -142,7 +140,10 @@ pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
     device.freeze();
     let start = Instant::<Monotonic>::now();
     let outcome = function.reset();
-    arg.value.elapsed_us = start.elapsed().as_micros_ceil().clamp(0, u32::MAX as i64) as u32;
+    arg.value.elapsed_us = start
+        .elapsed()
+        .as_micros_ceil()
+        .clamp(0, i64::from(u32::MAX)) as u32;
     device.thaw();
     state.events.emit(uapi::pcieipc_event {
         kind: uapi::PCIEIPC_EVENT_RESET,
@@ -157,7 +158,7 @@ pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
 
 /// `PCIEIPC_IOC_WATCH`.
 pub(crate) fn watch(state: &FaultState, arg: usize) -> Result<isize> {
-    require_admin()?;
+    require_sys_admin()?;
     let arg = ArgszArg::<uapi::pcieipc_watch>::read(arg, size_of::<uapi::pcieipc_watch>())?;
     let request = arg.value;
     let mut watches = state.watches.lock();

@@ -50,29 +50,45 @@ pub(crate) fn status(function: &PciFunction) -> uapi::pcieipc_link_status {
     let mut status = uapi::pcieipc_link_status {
         argsz: size_of::<uapi::pcieipc_link_status>() as u32,
         bdf: function.bdf(),
-        upstream_bdf: port.as_ref().map_or(uapi::PCIEIPC_BDF_NONE, PciFunction::bdf),
+        upstream_bdf: port
+            .as_ref()
+            .map_or(uapi::PCIEIPC_BDF_NONE, PciFunction::bdf),
         device,
         port: port_regs,
         ..Default::default()
     };
     // The end whose LnkSta describes the link: the port if there is one,
     // else the function itself (a root port reports its own link below).
-    let (near, far) = if port_regs.present != 0 { (port_regs, device) } else { (device, port_regs) };
+    let (near, far) = if port_regs.present != 0 {
+        (port_regs, device)
+    } else {
+        (device, port_regs)
+    };
     if near.present == 0 {
         return status;
     }
-    status.cur_speed = generation(near.lnksta as u32);
-    status.cur_width = width((near.lnksta >> 4) as u32);
+    status.cur_speed = generation(u32::from(near.lnksta));
+    status.cur_width = width(u32::from(near.lnksta >> 4));
     // A Link Capabilities of zero (some emulated switch ports) says nothing:
     // the maximum comes from the ends that report one.
     let caps = [near, far].map(|end| (end.present != 0 && end.lnkcap != 0).then_some(end.lnkcap));
-    let lowest = |field: fn(u32) -> u8| caps.iter().flatten().map(|&cap| field(cap)).min().unwrap_or(0);
+    let lowest = |field: fn(u32) -> u8| {
+        caps.iter()
+            .flatten()
+            .map(|&cap| field(cap))
+            .min()
+            .unwrap_or(0)
+    };
     let max_speed = lowest(generation);
     let max_width = lowest(|cap| width(cap >> 4));
     status.max_speed = max_speed;
     status.max_width = max_width;
-    status.target_speed = generation(near.lnkctl2 as u32);
-    let target = if status.target_speed != 0 { status.target_speed.min(max_speed) } else { max_speed };
+    status.target_speed = generation(u32::from(near.lnkctl2));
+    let target = if status.target_speed != 0 {
+        status.target_speed.min(max_speed)
+    } else {
+        max_speed
+    };
     if max_speed != 0 && (status.cur_speed < target || status.cur_width < max_width) {
         status.state |= uapi::PCIEIPC_LINK_DEGRADED;
     }
@@ -97,7 +113,11 @@ pub(crate) struct Retrain {
 /// Retrains the link above `function` from its upstream port, as
 /// `pcie_retrain_link()` does (which modules cannot call): optionally set
 /// the target speed, set Retrain Link, wait for Link Training to clear.
-pub(crate) fn retrain(function: &PciFunction, target_speed: u8, timeout_ms: u32) -> Result<Retrain> {
+pub(crate) fn retrain(
+    function: &PciFunction,
+    target_speed: u8,
+    timeout_ms: u32,
+) -> Result<Retrain> {
     let port = function
         .upstream_bridge()
         .filter(PciFunction::is_downstream_port)
@@ -113,11 +133,11 @@ pub(crate) fn retrain(function: &PciFunction, target_speed: u8, timeout_ms: u32)
         if target_speed > port_max {
             return Err(EINVAL);
         }
-        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, target_speed as u16)?;
+        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, u16::from(target_speed))?;
     }
     let start = Instant::<Monotonic>::now();
     port.link_control_clear_and_set(0, regs::PCI_EXP_LNKCTL_RL)?;
-    let limit = Delta::from_millis(timeout_ms as i64);
+    let limit = Delta::from_millis(i64::from(timeout_ms));
     let outcome = loop {
         let lnksta = port.pcie_read16(regs::PCI_EXP_LNKSTA)?;
         if lnksta & regs::PCI_EXP_LNKSTA_LT == 0 {
@@ -128,7 +148,10 @@ pub(crate) fn retrain(function: &PciFunction, target_speed: u8, timeout_ms: u32)
         }
         fsleep(Delta::from_millis(1));
     };
-    let elapsed_us = start.elapsed().as_micros_ceil().clamp(0, u32::MAX as i64) as u32;
+    let elapsed_us = start
+        .elapsed()
+        .as_micros_ceil()
+        .clamp(0, i64::from(u32::MAX)) as u32;
     Ok(Retrain {
         before,
         after: status(function),

@@ -7,10 +7,10 @@
 //! Probe enables memory space and bus mastering, maps the register BAR of the
 //! kinds the module drives, allocates interrupt vectors with a counting
 //! handler on each, and publishes the device in the registry; unbind marks it
-//! gone, which wakes its waiters with `ENODEV`.
+//! gone, which wakes its waiters with `ENODEV`, and zaps its BAR windows. Its
+//! PCI error handlers are in recovery.rs.
 
 use kernel::{
-    bindings,
     device::{Bound, Core},
     io::Io,
     irq::{self, IrqReturn},
@@ -20,35 +20,18 @@ use kernel::{
 };
 
 use crate::{
+    bar_mmap,
     bar_regions::BarRegions,
-    bound_device::{BoundDevice, DeviceInfo, DeviceKind, MappedBar, MAX_VECTORS},
+    bound_device::{BoundDevice, DeviceInfo, DeviceKind, MAX_VECTORS},
     fault,
     irq_vectors::IrqVectors,
     link,
     pci_function::PciFunction,
-    pci_info, registry, uapi,
+    pci_info::{self, MappedBar},
+    registry, uapi,
 };
 
 pub(crate) struct PcieIpcDriver;
-
-/// QEMU's edu (1234:11e8). `pci::DeviceId::from_id` takes a `pci::Vendor`,
-/// which names only pci_ids.h vendors, and 0x1234 is not one of them.
-const EDU_ID: pci::DeviceId = {
-    let raw = bindings::pci_device_id {
-        vendor: 0x1234,
-        device: 0x11e8,
-        subvendor: !0,
-        subdevice: !0,
-        class: 0,
-        class_mask: 0,
-        driver_data: 0,
-        override_only: 0,
-    };
-    // SAFETY: `pci::DeviceId` is `repr(transparent)` over `pci_device_id`
-    // and carries no invariant beyond its fields; these are the fields that
-    // `from_id` writes for a vendor it can name.
-    unsafe { core::mem::transmute::<bindings::pci_device_id, pci::DeviceId>(raw) }
-};
 
 // No per-entry data: every entry's driver_data stays 0, which is what
 // `new_id` must then be given (the default), so an administrator can hand
@@ -58,7 +41,8 @@ kernel::pci_device_table!(
     @none,
     [
         pci::DeviceId::from_id(pci::Vendor::REDHAT_QUMRANET, 0x1110),
-        EDU_ID,
+        // QEMU's edu: its vendor is not one `pci::Vendor` names.
+        pci_info::device_id(0x1234, 0x11e8),
     ]
 );
 
@@ -199,7 +183,15 @@ impl pci::Driver for PcieIpcDriver {
     }
 
     fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
-        this.device.mark_gone();
+        device_gone(&this.device);
         fault::device_removed(this.device.info.bdf);
     }
+}
+
+/// Marks `device` gone (its waiters fail with ENODEV, its DMA engine stops)
+/// and zaps its BAR windows in every process. Unbind and a permanent PCI
+/// error both end here.
+pub(crate) fn device_gone(device: &BoundDevice) {
+    device.mark_gone();
+    bar_mmap::zap_device(device.index);
 }

@@ -71,14 +71,21 @@ impl PciFunction {
             bindings::pci_get_domain_bus_and_slot(domain as i32, (bdf >> 8) & 0xff, bdf & 0xff)
         };
         // INVARIANT: a non-NULL result carries a reference for us.
-        NonNull::new(dev).map(|dev| Self { dev, domain }).ok_or(ENODEV)
+        NonNull::new(dev)
+            .map(|dev| Self { dev, domain })
+            .ok_or(ENODEV)
     }
 
     /// `PCIEIPC_BDF` of this function.
     pub(crate) fn bdf(&self) -> u32 {
         // SAFETY: `dev` is valid (invariant) and `bus` is set for every
         // enumerated device and never changes.
-        let (bus, devfn) = unsafe { ((*(*self.dev.as_ptr()).bus).number as u32, (*self.dev.as_ptr()).devfn) };
+        let (bus, devfn) = unsafe {
+            (
+                u32::from((*(*self.dev.as_ptr()).bus).number),
+                (*self.dev.as_ptr()).devfn,
+            )
+        };
         self.domain << 16 | bus << 8 | devfn
     }
 
@@ -114,7 +121,11 @@ impl PciFunction {
     pub(crate) fn is_downstream_port(&self) -> bool {
         matches!(
             self.pcie_type(),
-            Some(regs::PCI_EXP_TYPE_ROOT_PORT | regs::PCI_EXP_TYPE_DOWNSTREAM | regs::PCI_EXP_TYPE_PCIE_BRIDGE)
+            Some(
+                regs::PCI_EXP_TYPE_ROOT_PORT
+                    | regs::PCI_EXP_TYPE_DOWNSTREAM
+                    | regs::PCI_EXP_TYPE_PCIE_BRIDGE
+            )
         )
     }
 
@@ -123,7 +134,9 @@ impl PciFunction {
         let mut value = 0u16;
         // SAFETY: `dev` is valid; the function checks `pos` against the
         // capability's version and returns an error for unknown registers.
-        to_result(unsafe { bindings::pcie_capability_read_word(self.dev.as_ptr(), pos, &mut value) })?;
+        to_result(unsafe {
+            bindings::pcie_capability_read_word(self.dev.as_ptr(), pos, &mut value)
+        })?;
         Ok(value)
     }
 
@@ -131,7 +144,9 @@ impl PciFunction {
     pub(crate) fn pcie_read32(&self, pos: i32) -> Result<u32> {
         let mut value = 0u32;
         // SAFETY: as in `pcie_read16`.
-        to_result(unsafe { bindings::pcie_capability_read_dword(self.dev.as_ptr(), pos, &mut value) })?;
+        to_result(unsafe {
+            bindings::pcie_capability_read_dword(self.dev.as_ptr(), pos, &mut value)
+        })?;
         Ok(value)
     }
 
@@ -141,7 +156,12 @@ impl PciFunction {
         // SAFETY: `dev` is valid; the locked helper serialises with the
         // kernel's own writers of Link Control.
         to_result(unsafe {
-            bindings::pcie_capability_clear_and_set_word_locked(self.dev.as_ptr(), regs::PCI_EXP_LNKCTL, clear, set)
+            bindings::pcie_capability_clear_and_set_word_locked(
+                self.dev.as_ptr(),
+                regs::PCI_EXP_LNKCTL,
+                clear,
+                set,
+            )
         })
     }
 
@@ -151,7 +171,12 @@ impl PciFunction {
     pub(crate) fn link_control2_clear_and_set(&self, clear: u16, set: u16) -> Result {
         // SAFETY: `dev` is valid.
         to_result(unsafe {
-            bindings::pcie_capability_clear_and_set_word_unlocked(self.dev.as_ptr(), regs::PCI_EXP_LNKCTL2, clear, set)
+            bindings::pcie_capability_clear_and_set_word_unlocked(
+                self.dev.as_ptr(),
+                regs::PCI_EXP_LNKCTL2,
+                clear,
+                set,
+            )
         })
     }
 
@@ -178,7 +203,9 @@ impl PciFunction {
     /// The AER capability's registers now (all zero, `present` 0, without one).
     pub(crate) fn aer_regs(&self) -> uapi::pcieipc_aer_regs {
         // SAFETY: `dev` is valid; the walk reads config space only.
-        let pos = unsafe { bindings::pci_find_ext_capability(self.dev.as_ptr(), regs::PCI_EXT_CAP_ID_ERR) } as i32;
+        let pos = i32::from(unsafe {
+            bindings::pci_find_ext_capability(self.dev.as_ptr(), regs::PCI_EXT_CAP_ID_ERR)
+        });
         if pos == 0 {
             return uapi::pcieipc_aer_regs {
                 source_bdf: self.bdf(),

@@ -1,12 +1,48 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! What LIST reports about a device that 7.3's `pci::Device` does not expose:
-//! BDF and BAR flags. Read once at probe through the raw `struct pci_dev`, in
-//! this one place.
+//! What the module needs of a bound device that 7.3's `pci::Device` does not
+//! expose: its BDF, the flags of its BARs (what LIST reports, read once at
+//! probe), the `struct device` that the DMA API takes, and ID table entries
+//! of vendors that `pci::Vendor` cannot name. This is the one place that
+//! reads the raw `struct pci_dev` of a bound device.
 
-use kernel::{bindings, device::Bound, io::Io, pci};
+use kernel::{bindings, device::Bound, io::Io, pci, prelude::*};
 
-use crate::{bound_device::BarInfo, uapi};
+use crate::uapi;
+
+/// One BAR as probe found it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct BarInfo {
+    /// Bus-independent physical start (what `remap_pfn_range` takes).
+    pub(crate) start: u64,
+    pub(crate) size: u64,
+    /// `PCIEIPC_BAR_*` flags.
+    pub(crate) flags: u32,
+}
+
+/// A BAR mapped into the kernel (registers, or a window that copies reach),
+/// revoked on unbind.
+pub(crate) type MappedBar = pci::DevresBar;
+
+/// The ID table entry of `vendor:device`. `pci::DeviceId::from_id` takes a
+/// `pci::Vendor`, which names only pci_ids.h vendors (QEMU's 0x1234 is not
+/// one of them).
+pub(crate) const fn device_id(vendor: u16, device: u16) -> pci::DeviceId {
+    let raw = bindings::pci_device_id {
+        vendor: vendor as u32,
+        device: device as u32,
+        subvendor: !0,
+        subdevice: !0,
+        class: 0,
+        class_mask: 0,
+        driver_data: 0,
+        override_only: 0,
+    };
+    // SAFETY: `pci::DeviceId` is `repr(transparent)` over `pci_device_id`
+    // and carries no invariant beyond its fields; these are the fields that
+    // `from_id` writes for a vendor it can name.
+    unsafe { core::mem::transmute::<bindings::pci_device_id, pci::DeviceId>(raw) }
+}
 
 /// The raw `struct pci_dev` behind `pdev`.
 pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(
@@ -17,16 +53,14 @@ pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
-/// `domain << 16 | bus << 8 | devfn` of `dev`, or `PCIEIPC_BDF_NONE`.
-pub(crate) fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
-    if dev.is_null() {
-        return uapi::PCIEIPC_BDF_NONE;
-    }
-    // SAFETY: `dev` is a live `pci_dev`: the caller's bound device or the
-    // bridge above it, which outlives it; `bus` is set for every device, and
-    // the device name ("DDDD:BB:DD.F") is set before the device is added.
+/// `PCIEIPC_BDF(domain, bus, devfn)` of `pdev`.
+pub(crate) fn bdf<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> u32 {
+    let dev = raw(pdev);
+    // SAFETY: `dev` is the live `pci_dev` behind `pdev`; `bus` is set for
+    // every device, and the device name ("DDDD:BB:DD.F") is set before the
+    // device is added.
     let (bus, devfn, name) = unsafe {
-        let name = core::ffi::CStr::from_ptr((*dev).dev.kobj.name.cast());
+        let name = CStr::from_char_ptr((*dev).dev.kobj.name);
         ((*(*dev).bus).number, (*dev).devfn, name.to_bytes())
     };
     // pci_domain_nr() is arch-specific and inline: the domain is the name's
@@ -37,10 +71,6 @@ pub(crate) fn bdf_of(dev: *mut bindings::pci_dev) -> u32 {
         .filter_map(|&c| (c as char).to_digit(16))
         .fold(0u32, |acc, digit| (acc << 4) | digit);
     (domain << 16) | (u32::from(bus) << 8) | (devfn & 0xff)
-}
-
-pub(crate) fn bdf(pdev: &pci::Device<Bound>) -> u32 {
-    bdf_of(raw(pdev))
 }
 
 /// The BARs that hold the MSI-X table and pending-bit array: never mapped

@@ -14,7 +14,9 @@ mod aer;
 mod bar_mmap;
 mod bar_regions;
 mod bound_device;
+mod capability;
 mod chardev;
+mod delayed_work;
 mod device_ioctls;
 mod dma_buffer;
 mod dma_engine;
@@ -27,8 +29,10 @@ mod pci_driver;
 mod pci_function;
 mod pci_info;
 mod poll;
+mod recovery;
 mod registry;
 mod uapi;
+mod user_mapping;
 mod watch;
 
 module! {
@@ -38,10 +42,6 @@ module! {
     description: "PCIe peer-to-peer IPC: BAR windows, interrupt waits, DMA, AER events, link control",
     license: "GPL",
 }
-
-/// The module version reported by `PCIEIPC_IOC_VERSION`; the userspace
-/// packages carry the same version (checked by the testbed's guest test).
-pub(crate) const MODULE_VERSION: &CStr = c"0.1.0";
 
 #[pin_data(PinnedDrop)]
 struct PcieIpcModule {
@@ -54,13 +54,14 @@ struct PcieIpcModule {
 
 impl kernel::InPlaceModule for PcieIpcModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        pr_info!("pcieipc {} loaded\n", MODULE_VERSION);
+        pr_info!("pcieipc {} loaded\n", chardev::MODULE_VERSION);
         // SAFETY: called once, before the driver and the misc device exist.
         unsafe { registry::init() };
         // SAFETY: as above.
         unsafe { bar_mmap::init() };
         // Before the misc device: opening it needs the event log.
-        let fault_state = fault::init();
+        // SAFETY: as above.
+        let fault_state = unsafe { fault::init() };
         try_pin_init!(Self {
             _: {
                 fault_state?;

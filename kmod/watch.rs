@@ -6,14 +6,14 @@
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use kernel::{
-    bindings, new_delayed_work, new_mutex,
+    new_delayed_work, new_mutex,
     prelude::*,
     sync::{Arc, Mutex},
     time::msecs_to_jiffies,
     workqueue::{self, impl_has_delayed_work, DelayedWork, WorkItem},
 };
 
-use crate::{events::EventLog, link, pci_function::PciFunction, uapi};
+use crate::{delayed_work, events::EventLog, link, pci_function::PciFunction, uapi};
 
 pub(crate) const MIN_PERIOD_MS: u32 = 10;
 pub(crate) const MAX_PERIOD_MS: u32 = 60_000;
@@ -42,7 +42,11 @@ impl_has_delayed_work! {
 
 impl Watch {
     /// Starts watching `function` every `period_ms`.
-    pub(crate) fn start(function: PciFunction, period_ms: u32, events: Arc<EventLog>) -> Result<Arc<Self>> {
+    pub(crate) fn start(
+        function: PciFunction,
+        period_ms: u32,
+        events: Arc<EventLog>,
+    ) -> Result<Arc<Self>> {
         if !(MIN_PERIOD_MS..=MAX_PERIOD_MS).contains(&period_ms) {
             return Err(EINVAL);
         }
@@ -67,10 +71,7 @@ impl Watch {
     /// running (flushing runs a pending check at once, which sees `stopped`).
     pub(crate) fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
-        let work: *const DelayedWork<Watch> = &self.work;
-        // SAFETY: `work` is the initialised delayed work of this live `Watch`
-        // (`DelayedWork` is a transparent wrapper of `struct delayed_work`).
-        unsafe { bindings::flush_delayed_work(work.cast_mut().cast::<bindings::delayed_work>()) };
+        delayed_work::flush(&self.work);
     }
 
     /// The AER registers of the link's port, where errors of a link that
@@ -104,7 +105,11 @@ impl Watch {
         }
         let now = link::status(&self.function);
         let changed = |s: &uapi::pcieipc_link_status| {
-            (s.cur_speed, s.cur_width, s.state & uapi::PCIEIPC_LINK_DLL_ACTIVE)
+            (
+                s.cur_speed,
+                s.cur_width,
+                s.state & uapi::PCIEIPC_LINK_DLL_ACTIVE,
+            )
         };
         if changed(&now) != changed(&seen.link) {
             let before = seen.link;

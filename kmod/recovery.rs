@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What the driver does when the AER core reports an error on a device it
+//! drives. Each callback records an AER event (registers, channel state, the
+//! result it returns); error_detected freezes the device (its waiters fail
+//! with EIO), slot_reset restores its config space, resume thaws it, a
+//! permanent failure makes it gone.
+
+use kernel::{device::Bound, pci};
+
+use crate::{
+    aer::{self, Channel, ErrorHandler, Recovery},
+    fault,
+    pci_driver::{self, PcieIpcDriver},
+    pci_function::PciFunction,
+    pci_info, registry, uapi,
+};
+
+/// What a callback does to the bound device's state.
+enum Transition {
+    Keep,
+    Freeze,
+    Thaw,
+    Gone,
+}
+
+/// Records one callback: the registers of the nearest AER capability (the
+/// device's own, else its upstream port's, where errors of a conventional
+/// endpoint are logged) and the result returned; updates the device state.
+fn record(
+    pdev: &pci::Device<Bound>,
+    step: u32,
+    channel: Channel,
+    result: Recovery,
+    transition: Transition,
+) -> Recovery {
+    let bdf = pci_info::bdf(pdev);
+    let aer = PciFunction::find(bdf)
+        .map(|function| {
+            let own = function.aer_regs();
+            if own.present != 0 {
+                own
+            } else {
+                function
+                    .upstream_bridge()
+                    .map_or(own, |port| port.aer_regs())
+            }
+        })
+        .unwrap_or_default();
+    if let Ok(device) = registry::get_bound_by_bdf(bdf) {
+        match transition {
+            Transition::Keep => {}
+            Transition::Freeze => device.freeze(),
+            Transition::Thaw => device.thaw(),
+            Transition::Gone => pci_driver::device_gone(&device),
+        }
+    }
+    if let Ok(fault) = fault::state() {
+        fault.events.emit(uapi::pcieipc_event {
+            kind: uapi::PCIEIPC_EVENT_AER,
+            bdf,
+            aer_step: step,
+            channel_state: channel as u32,
+            result: result as u32,
+            aer,
+            ..Default::default()
+        });
+    }
+    result
+}
+
+impl ErrorHandler for PcieIpcDriver {
+    fn error_detected(pdev: &pci::Device<Bound>, channel: Channel) -> Recovery {
+        // Any reported error freezes the device until resume: a transfer that
+        // overlapped the error cannot be trusted even if the link survived.
+        let (result, transition) = match channel {
+            Channel::Normal => (Recovery::CanRecover, Transition::Freeze),
+            Channel::Frozen => (Recovery::NeedReset, Transition::Freeze),
+            Channel::PermanentFailure => (Recovery::Disconnect, Transition::Gone),
+        };
+        let step = uapi::PCIEIPC_AER_ERROR_DETECTED;
+        record(pdev, step, channel, result, transition)
+    }
+
+    fn mmio_enabled(pdev: &pci::Device<Bound>, channel: Channel) -> Recovery {
+        let step = uapi::PCIEIPC_AER_MMIO_ENABLED;
+        record(pdev, step, channel, Recovery::Recovered, Transition::Keep)
+    }
+
+    fn slot_reset(pdev: &pci::Device<Bound>, channel: Channel) -> Recovery {
+        // The reset lost the device's config space.
+        aer::restore_state(pdev);
+        let step = uapi::PCIEIPC_AER_SLOT_RESET;
+        record(pdev, step, channel, Recovery::Recovered, Transition::Keep)
+    }
+
+    fn resume(pdev: &pci::Device<Bound>, channel: Channel) {
+        let step = uapi::PCIEIPC_AER_RESUME;
+        record(pdev, step, channel, Recovery::None, Transition::Thaw);
+    }
+
+    fn cor_error_detected(pdev: &pci::Device<Bound>, channel: Channel) {
+        let step = uapi::PCIEIPC_AER_COR_ERROR_DETECTED;
+        record(pdev, step, channel, Recovery::None, Transition::Keep);
+    }
+}
