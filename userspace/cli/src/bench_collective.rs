@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, PeerRead};
-use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp, TransportKind};
+use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
 pub trait Collective {
     /// A buffer of `T` where this communicator reduces.
@@ -58,9 +58,10 @@ impl Collective for Communicator {
     }
 
     fn describe(&self) -> String {
-        let kind = self.transport_kind();
-        match (kind, self.single_copy()) {
-            (TransportKind::Shm, true) => {
+        let name = self.transport_name();
+        let peer_reads = self.transport_capabilities().peer_reads;
+        match (peer_reads, self.single_copy()) {
+            (true, true) => {
                 let size = |bytes: usize| match bytes {
                     usize::MAX => "any size".to_owned(),
                     _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
@@ -70,21 +71,21 @@ impl Collective for Communicator {
                     format!("{} to {}", size(*messages.start()), size(*messages.end()))
                 };
                 format!(
-                    "transport shm, single-copy reads (process_vm_readv): direct all_reduce for {} \
+                    "transport {name}, single-copy reads (peers' memory): direct all_reduce for {} \
                      messages, ring all-gather single-copy for {}",
                     sizes(self.direct_messages()),
                     sizes(self.single_copy_messages())
                 )
             }
-            (TransportKind::Shm, false) => {
-                "transport shm, all-gather through relay slots (two copies)".to_owned()
+            (true, false) => {
+                format!("transport {name}, all-gather through relay slots (two copies)")
             }
-            _ => format!("transport {}", kind.name()),
+            _ => format!("transport {name}"),
         }
     }
 
     fn transport_name(&self) -> &'static str {
-        self.transport_kind().name()
+        Communicator::transport_name(self)
     }
 
     fn default_chunks(&self) -> String {

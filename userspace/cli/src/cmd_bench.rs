@@ -10,29 +10,40 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerRead, PeerToPeer};
 use pcieipc::engine::{
-    bf16, f16, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element, LinkFacts,
-    ReduceOp, TransportKind, UnknownTransport,
+    bf16, f16, transport, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element,
+    LinkFacts, ReduceOp, TransportOptions,
 };
 use pcieipc::probe::{Bdf, HealthModel, Topology};
 use serde_json::json;
 
 use crate::bench_collective::Collective;
 
-/// A host transport of the engine, or the CUDA communicator.
-#[derive(Clone, Copy, Debug)]
+/// A host transport of the engine, or the CUDA backend.
+#[derive(Clone, Debug)]
 enum BenchTransport {
-    Host(TransportKind),
+    Host(TransportOptions),
     Cuda,
 }
 
 impl std::str::FromStr for BenchTransport {
-    type Err = UnknownTransport;
-    fn from_str(name: &str) -> Result<BenchTransport, UnknownTransport> {
+    type Err = String;
+    fn from_str(name: &str) -> Result<BenchTransport, String> {
         match name {
             "cuda" => Ok(BenchTransport::Cuda),
-            _ => name.parse().map(BenchTransport::Host),
+            _ => name
+                .parse()
+                .map(BenchTransport::Host)
+                .map_err(|unknown| format!("{unknown}, or cuda")),
         }
     }
+}
+
+/// `--transport`'s help: the registry's transports, then the CUDA backend.
+fn transport_help() -> String {
+    format!(
+        "Transport between the ranks: {}; cuda: GPU buffers, CUDA IPC and peer-to-peer kernels",
+        transport::describe_all()
+    )
 }
 
 #[derive(clap::Args)]
@@ -74,10 +85,7 @@ pub struct Args {
     /// Ranks to start on this host.
     #[arg(long, default_value_t = 2)]
     nranks: usize,
-    /// Transport between the ranks: shm (host memory), pcieipc (the shared
-    /// BAR2 of ivshmem-doorbell devices of /dev/pcieipc, rank r on the r-th)
-    /// or cuda (GPU buffers, CUDA IPC and peer-to-peer kernels).
-    #[arg(long, default_value = "shm")]
+    #[arg(long, default_value = "shm", help = transport_help())]
     transport: BenchTransport,
     /// With --transport cuda: the GPU of each rank, comma-separated (rank r
     /// takes the r-th; several ranks may share one). Default: rank r on GPU
@@ -232,9 +240,9 @@ fn options(args: &Args, rank: usize) -> CommOptions {
         // Like mpirun, bind only while every rank gets a core of its own: a
         // bound rank polls without yielding, which ranks sharing a core must not.
         bind_cpu: (args.bind_to == "core" && args.nranks <= cpus).then_some(rank),
-        transport: match args.transport {
-            BenchTransport::Host(kind) => kind,
-            BenchTransport::Cuda => TransportKind::Shm,
+        transport: match &args.transport {
+            BenchTransport::Host(transport) => transport.clone(),
+            BenchTransport::Cuda => TransportOptions::default(),
         },
         algorithm: args.algorithm,
         chunk_policy: args
@@ -260,11 +268,14 @@ fn link_of(args: &Args, rank: usize) -> anyhow::Result<Option<LinkFacts>> {
             args.nranks
         ),
     };
-    if !matches!(args.transport, BenchTransport::Host(TransportKind::Shm)) {
-        bail!(
-            "--link-of is for --transport shm: the pcieipc transport follows its device's \
-             link through the module, and the CUDA transport's chunk is fixed"
-        );
+    match &args.transport {
+        BenchTransport::Host(transport) if transport.capabilities().link_events => bail!(
+            "--link-of is for transports without link events: the {} transport follows its \
+             device's link itself",
+            transport.name()
+        ),
+        BenchTransport::Cuda => bail!("--link-of is for host transports: the CUDA chunk is fixed"),
+        BenchTransport::Host(_) => {}
     }
     let root = &args.sysfs_root;
     let topology = Topology::from_sysfs_root(root, HealthModel::default())

@@ -61,21 +61,37 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         LinkCommand::Status { bdf: text, json } => {
             let link = device.link_status(bdf(&text)?)?;
             if json {
-                println!("{}", serde_json::to_string(&link).context("serialising the link")?);
+                println!(
+                    "{}",
+                    serde_json::to_string(&link).context("serialising the link")?
+                );
             } else {
                 println!("{link}");
             }
         }
-        LinkCommand::Retrain { bdf: text, speed, timeout_ms, json } => {
-            let retrain = device.retrain(bdf(&text)?, speed, timeout_ms.map(Duration::from_millis))?;
+        LinkCommand::Retrain {
+            bdf: text,
+            speed,
+            timeout_ms,
+            json,
+        } => {
+            let retrain =
+                device.retrain(bdf(&text)?, speed, timeout_ms.map(Duration::from_millis))?;
             if json {
-                println!("{}", serde_json::to_string(&retrain).context("serialising the retrain")?);
+                println!(
+                    "{}",
+                    serde_json::to_string(&retrain).context("serialising the retrain")?
+                );
             } else {
                 println!("before: {}", retrain.before);
                 println!("after:  {}", retrain.after);
                 println!(
                     "training {} after {} us",
-                    if retrain.completed { "ended" } else { "DID NOT END" },
+                    if retrain.completed {
+                        "ended"
+                    } else {
+                        "DID NOT END"
+                    },
                     retrain.elapsed_us
                 );
             }
@@ -92,7 +108,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        LinkCommand::Watch { bdf: text, period_ms } => {
+        LinkCommand::Watch {
+            bdf: text,
+            period_ms,
+        } => {
             device.watch(bdf(&text)?, Duration::from_millis(period_ms))?;
         }
         LinkCommand::Unwatch { bdf: text } => device.unwatch(bdf(&text)?)?,

@@ -101,7 +101,7 @@ fn bad_link_of_is_refused_with_a_reason() {
     );
     refused(
         &["--link-of", "0000:05:00.0", "--transport", "pcieipc"],
-        "--link-of is for --transport shm",
+        "--link-of is for transports without link events: the pcieipc transport",
     );
     refused(&["--link-of", "05:00"], "--link-of");
 }

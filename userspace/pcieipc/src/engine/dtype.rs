@@ -350,6 +350,27 @@ fn combine_baseline<T: Element>(op: ReduceOp, dst: &mut [T], peer: &[T], own: Op
     }
 }
 
+/// `values` as their bytes, for copies that fill them from elsewhere.
+pub(crate) fn bytes_of_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: every `Element` is a plain number with no padding, and any
+    // bit pattern is one, so its bytes may be written freely.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            values.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(values),
+        )
+    }
+}
+
+/// A scratch block of 8-byte words as elements of `T` (as many as fit).
+pub(crate) fn elements_of_words<T: Element>(words: &mut [u64]) -> &mut [T] {
+    let len = std::mem::size_of_val(words) / std::mem::size_of::<T>();
+    // SAFETY: the words are 8-byte aligned, no `Element` is larger or more
+    // aligned than 8 bytes, any bit pattern is a valid `Element`, and `len`
+    // of them fit in the words' bytes.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), len) }
+}
+
 /// Divides a fully summed [`ReduceOp::Avg`] result by the rank count.
 pub(crate) fn finish_avg<T: Element>(values: &mut [T], nranks: usize) {
     for value in values {

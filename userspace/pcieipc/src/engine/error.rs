@@ -4,9 +4,23 @@
 use std::io;
 use std::time::Duration;
 
-use super::call::CallDescriptor;
+use super::comm::CallDescriptor;
+use super::schedule::Algorithm;
 
 impl EngineError {
+    /// `error`, a transport's or a backend's own, on `rank`.
+    pub(crate) fn transport(
+        rank: usize,
+        transport: &'static str,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> EngineError {
+        EngineError::Transport {
+            rank,
+            transport,
+            error: Box::new(error),
+        }
+    }
+
     /// `BufferLength` unless a buffer holds the `expected` elements.
     pub(crate) fn check_length(
         what: &'static str,
@@ -79,12 +93,14 @@ pub enum EngineError {
         source: io::Error,
     },
 
-    // `error` is printed, not chained as a source: its own messages already
-    // carry the device path and the errno.
-    #[error("rank {rank}: pcieipc transport: {error}")]
-    Pcieipc {
+    // `error` is printed, not chained as a source: a transport's own
+    // messages already carry its device, path or step and the errno.
+    #[error("rank {rank}: {transport} transport: {error}")]
+    Transport {
         rank: usize,
-        error: super::transport_pcieipc::PcieipcError,
+        /// The transport's (or backend's) registered name.
+        transport: &'static str,
+        error: Box<dyn std::error::Error + Send + Sync>,
     },
 
     #[error("rank {rank} (pid {pid}) exited")]
@@ -131,13 +147,6 @@ pub enum EngineError {
         source: io::Error,
     },
 
-    // `error` is printed, not chained: it names the GPU and the failing step.
-    #[error("rank {rank}: CUDA transport: {error}")]
-    Cuda {
-        rank: usize,
-        error: super::cuda::CudaError,
-    },
-
     #[error("rank {rank}'s GPU work failed (its own error says why)")]
     PeerGpuFailed { rank: usize },
 
@@ -157,7 +166,7 @@ pub enum EngineError {
 
     #[error("the {algorithm} algorithm is not available here: {reason}")]
     AlgorithmUnavailable {
-        algorithm: super::algorithm::Algorithm,
+        algorithm: Algorithm,
         reason: &'static str,
     },
 

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::call::CallDescriptor;
+use super::comm::CallDescriptor;
 use super::error::EngineError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

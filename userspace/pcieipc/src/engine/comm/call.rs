@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use super::algorithm::Algorithm;
-use super::dtype::{DType, ReduceOp};
+use crate::engine::dtype::{DType, ReduceOp};
+use crate::engine::schedule::Algorithm;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

@@ -310,9 +310,10 @@ impl<T> Drop for DeviceBuffer<T> {
         // A failure here leaves nothing to recover: the context is going away
         // or already broken, and the driver reclaims the block with it.
         if self.gpu.bind().is_ok() {
-            // SAFETY: allocated by malloc_sync in this context; queued work
-            // that used it is drained first.
+            // Queued work that used the block is drained first.
             let _ = self.gpu.finish();
+            // SAFETY: allocated by malloc_sync in this context, and no queued
+            // work uses it any more.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
     }

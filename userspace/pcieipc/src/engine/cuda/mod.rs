@@ -1,12 +1,20 @@
-//! The CUDA transport: all_reduce of GPU buffers between ranks in separate
-//! processes, through CUDA IPC and peer-to-peer reduce kernels, with a host
-//! control plane that sleeps instead of spinning. docs/engine.md has the
-//! design and the measurements.
+//! The CUDA backend: all_reduce of GPU buffers between ranks in separate
+//! processes, through CUDA IPC and peer-to-peer reduce kernels. Its steps
+//! come from `schedule`, its host control plane is a host `Communicator`,
+//! and its errors reach callers as the engine's transport errors (named
+//! `cuda`). docs/engine.md has the design and the measurements.
 
+mod collective;
 mod communicator;
 mod gpu;
 mod ipc;
 mod kernels;
+mod one_shot;
+mod registration;
+mod ring;
 
 pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
 pub use gpu::{CudaError, DeviceBuffer, Gpu};
+
+/// The name this backend's errors carry.
+pub const BACKEND: &str = "cuda";

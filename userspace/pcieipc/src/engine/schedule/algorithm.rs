@@ -5,11 +5,12 @@
 //! publish its whole buffer and reduce all N of them itself: one step, (N-1)
 //! buffers read, the right trade for small messages. The direct algorithm
 //! moves what the ring moves, but straight between the ranks' own buffers
-//! (shm, where ranks may read each other's memory): each rank reduces its
+//! (where the transport lets ranks read each other's memory): each rank reduces its
 //! own segment from every peer's input, then copies every other segment from
 //! its owner, with no relay copies and three meetings per call.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,9 +21,9 @@ pub enum Algorithm {
     /// Every rank reads every peer's whole buffer and reduces locally.
     OneShot = 2,
     /// Rank r reduces segment r itself, reading it straight from every peer's
-    /// input (`process_vm_readv`), and writes the result straight into every
-    /// peer's output (`process_vm_writev`): the ring's traffic with no relay
-    /// hops and two meetings per call (shm, where peers may read each other).
+    /// input, then reads every other segment straight from its owner's
+    /// output: the ring's traffic with no relay hops and three meetings per
+    /// call, where the transport lets ranks read each other's memory.
     Direct = 3,
 }
 
@@ -35,7 +36,7 @@ impl Algorithm {
         }
     }
 
-    pub(crate) fn from_wire(code: u8) -> Option<Algorithm> {
+    pub fn from_wire(code: u8) -> Option<Algorithm> {
         [Algorithm::Ring, Algorithm::OneShot, Algorithm::Direct]
             .into_iter()
             .find(|algorithm| *algorithm as u8 == code)
@@ -51,7 +52,7 @@ impl fmt::Display for Algorithm {
 /// How the communicator picks the all_reduce algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AlgorithmChoice {
-    /// By message size and rank count: see [`AlgorithmChoice::pick`].
+    /// By message size, rank count and transport: see [`select`].
     Auto,
     /// Always this one (tests and benchmarks force each path).
     Fixed(Algorithm),
@@ -75,19 +76,42 @@ impl FromStr for AlgorithmChoice {
     }
 }
 
-impl AlgorithmChoice {
-    /// `one_shot_read_budget` bounds the bytes one rank reads from its peers on
-    /// the one-shot path, (N-1)·bytes, so the crossover shrinks as ranks are added.
-    pub fn pick(self, bytes: usize, nranks: usize, one_shot_read_budget: usize) -> Algorithm {
-        match self {
+/// What bounds the automatic choice on one communicator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The most bytes a rank reads from its peers on the one-shot path,
+    /// (N−1)·bytes, so the crossover shrinks as ranks are added.
+    pub one_shot_read_budget: usize,
+    /// The most ranks the one-shot path serves (a kernel's fixed source
+    /// table); more ranks always take the ring.
+    pub one_shot_max_ranks: usize,
+    /// The message sizes sent direct: `Some` only where the transport lets
+    /// every rank read its peers' buffers and the ranks agreed on it.
+    pub direct_messages: Option<RangeInclusive<usize>>,
+}
+
+/// The algorithm an all_reduce of `bytes` over `nranks` ranks takes.
+pub fn select(choice: AlgorithmChoice, bytes: usize, nranks: usize, limits: &Limits) -> Algorithm {
+    if nranks > limits.one_shot_max_ranks {
+        return match choice {
+            AlgorithmChoice::Fixed(Algorithm::OneShot) | AlgorithmChoice::Auto => Algorithm::Ring,
             AlgorithmChoice::Fixed(algorithm) => algorithm,
-            AlgorithmChoice::Auto => {
-                let peers = nranks.saturating_sub(1).max(1);
-                if bytes.saturating_mul(peers) <= one_shot_read_budget {
-                    Algorithm::OneShot
-                } else {
-                    Algorithm::Ring
-                }
+        };
+    }
+    match choice {
+        AlgorithmChoice::Fixed(algorithm) => algorithm,
+        AlgorithmChoice::Auto => {
+            let peers = nranks.saturating_sub(1).max(1);
+            if bytes.saturating_mul(peers) <= limits.one_shot_read_budget {
+                Algorithm::OneShot
+            } else if limits
+                .direct_messages
+                .as_ref()
+                .is_some_and(|direct| direct.contains(&bytes))
+            {
+                Algorithm::Direct
+            } else {
+                Algorithm::Ring
             }
         }
     }
@@ -97,22 +121,63 @@ impl AlgorithmChoice {
 mod tests {
     use super::*;
 
-    #[test]
-    fn auto_picks_one_shot_below_the_budget_and_ring_above() {
-        let auto = AlgorithmChoice::Auto;
-        assert_eq!(auto.pick(8, 2, 64 << 10), Algorithm::OneShot);
-        assert_eq!(auto.pick(64 << 10, 2, 64 << 10), Algorithm::OneShot);
-        assert_eq!(auto.pick((64 << 10) + 1, 2, 64 << 10), Algorithm::Ring);
-        // Eight ranks read seven peers: the crossover is a seventh as large.
-        assert_eq!(auto.pick(9362, 8, 64 << 10), Algorithm::OneShot);
-        assert_eq!(auto.pick(9363, 8, 64 << 10), Algorithm::Ring);
-        assert_eq!(auto.pick(0, 1, 0), Algorithm::OneShot);
+    fn limits(budget: usize, max_ranks: usize, direct: Option<RangeInclusive<usize>>) -> Limits {
+        Limits {
+            one_shot_read_budget: budget,
+            one_shot_max_ranks: max_ranks,
+            direct_messages: direct,
+        }
     }
 
     #[test]
-    fn fixed_choice_overrides_size() {
+    fn auto_picks_by_size_ranks_and_what_the_transport_allows() {
+        use Algorithm::{Direct, OneShot, Ring};
+        let host = limits(64 << 10, usize::MAX, None);
+        let peer_reads = limits(64 << 10, usize::MAX, Some((4 << 20)..=(16 << 20)));
+        let gpu = limits(256 << 10, 8, None);
+        // (bytes, nranks, limits, expected)
+        let table = [
+            (8, 2, &host, OneShot),
+            (64 << 10, 2, &host, OneShot),
+            ((64 << 10) + 1, 2, &host, Ring),
+            // Eight ranks read seven peers: the crossover is a seventh as large.
+            (9362, 8, &host, OneShot),
+            (9363, 8, &host, Ring),
+            (0, 1, &limits(0, usize::MAX, None), OneShot),
+            (4 << 20, 2, &host, Ring),
+            ((4 << 20) - 1, 2, &peer_reads, Ring),
+            (4 << 20, 2, &peer_reads, Direct),
+            (16 << 20, 4, &peer_reads, Direct),
+            ((16 << 20) + 1, 4, &peer_reads, Ring),
+            (8, 2, &peer_reads, OneShot),
+            (8, 8, &gpu, OneShot),
+            (8, 9, &gpu, Ring),
+        ];
+        for (bytes, nranks, limits, expected) in table {
+            let picked = select(AlgorithmChoice::Auto, bytes, nranks, limits);
+            assert_eq!(
+                picked, expected,
+                "{bytes} bytes, {nranks} ranks, {limits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn fixed_choice_overrides_size_but_not_the_one_shot_rank_bound() {
+        let host = limits(1 << 30, usize::MAX, None);
         let ring = AlgorithmChoice::Fixed(Algorithm::Ring);
-        assert_eq!(ring.pick(8, 2, 1 << 30), Algorithm::Ring);
+        assert_eq!(select(ring, 8, 2, &host), Algorithm::Ring);
+        let direct = AlgorithmChoice::Fixed(Algorithm::Direct);
+        assert_eq!(select(direct, 8, 2, &host), Algorithm::Direct);
+        let one_shot = AlgorithmChoice::Fixed(Algorithm::OneShot);
+        assert_eq!(
+            select(one_shot, 1 << 30, 8, &limits(0, 8, None)),
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            select(one_shot, 8, 9, &limits(1 << 30, 8, None)),
+            Algorithm::Ring
+        );
         assert_eq!(
             "one-shot".parse::<AlgorithmChoice>().unwrap(),
             AlgorithmChoice::Fixed(Algorithm::OneShot)
@@ -122,5 +187,14 @@ mod tests {
             AlgorithmChoice::Fixed(Algorithm::Direct)
         );
         assert!("tree".parse::<AlgorithmChoice>().is_err());
+    }
+
+    #[test]
+    fn wire_codes_round_trip() {
+        for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::Direct] {
+            assert_eq!(Algorithm::from_wire(algorithm as u8), Some(algorithm));
+        }
+        assert_eq!(Algorithm::from_wire(0), None);
+        assert_eq!(Algorithm::from_wire(4), None);
     }
 }

@@ -1,53 +1,49 @@
 //! What the engine needs from a transport, and nothing more: windows a rank
 //! writes and its peers read, counters a rank publishes and its peers wait on,
-//! peer liveness, and a small shared control block (published calls, who waits
-//! for whom, the abort record).
+//! peer liveness, a small shared control block (published calls, who waits
+//! for whom, the abort record), and the capabilities the engine may use
+//! where a transport has them (peers reading each other's memory, a device
+//! link followed through events). The communicator and the collectives see
+//! only this trait; `registry` maps the names users pick to constructors.
 //!
 //! The shm transport keeps all of it in one memfd segment and sleeps on
 //! futexes. The pcieipc transport maps the same windows onto the ivshmem BAR,
 //! rings the sleeping peer's doorbell in `store` and waits on its own MSI-X
-//! interrupt in `sleep`; a CUDA transport maps them onto IPC device memory. The algorithms in
-//! the communicator never see which.
+//! interrupt in `sleep`. Both share the segment layout (`segment`) and the
+//! rendezvous that admits the ranks (`rendezvous`).
+
+mod pcieipc;
+mod registry;
+mod rendezvous;
+mod segment;
+mod shm;
 
 use std::time::Duration;
 
-use super::call::CallDescriptor;
 use super::chunk::LinkFacts;
+use super::comm::CallDescriptor;
 use super::failure::Failure;
 
+pub use pcieipc::{PcieipcError, PcieipcOptions, AER_MEMORY};
+pub use registry::{
+    describe_all, Registered, Setup, TransportConfig, TransportOptions, UnknownTransport,
+    TRANSPORTS,
+};
+pub use shm::{ShmOptions, SEGMENT_NAME};
+
+/// What a transport lets the engine do beyond windows and counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TransportKind {
-    /// A memfd segment in host memory shared by ranks on one host.
-    Shm,
-    /// The shared BAR2 of ivshmem-doorbell devices bound by /dev/pcieipc,
-    /// doorbells and MSI-X interrupt waits.
-    Pcieipc,
+pub struct Capabilities {
+    /// Ranks may read each other's process memory (`read_peer`), so finished
+    /// chunks can be read where they lie (the single-copy all-gather, the
+    /// direct all_reduce). Still probed at init: the host may forbid it.
+    pub peer_reads: bool,
+    /// The transport follows the link under its device and reports changes
+    /// (`device_link`, `poll_link`).
+    pub link_events: bool,
+    /// The windows live in device memory (a BAR), not host memory.
+    pub device_memory: bool,
 }
-
-impl TransportKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::Shm => "shm",
-            TransportKind::Pcieipc => "pcieipc",
-        }
-    }
-}
-
-impl std::str::FromStr for TransportKind {
-    type Err = UnknownTransport;
-    fn from_str(name: &str) -> Result<TransportKind, UnknownTransport> {
-        match name {
-            "shm" => Ok(TransportKind::Shm),
-            "pcieipc" => Ok(TransportKind::Pcieipc),
-            _ => Err(UnknownTransport(name.to_owned())),
-        }
-    }
-}
-
-/// A transport name this build does not provide.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown transport {0:?} (this build provides: shm, pcieipc)")]
-pub struct UnknownTransport(pub String);
 
 /// A window its owner writes and its peers read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +103,9 @@ pub struct WindowSizes {
 /// Counters follow release/acquire: a `store` publishes every write its owner
 /// made to its windows before it, a `load` that observes it makes them visible.
 pub trait Transport: Send {
-    fn kind(&self) -> TransportKind;
+    /// The name it is registered under.
+    fn name(&self) -> &'static str;
+    fn capabilities(&self) -> Capabilities;
     fn rank(&self) -> usize;
     fn nranks(&self) -> usize;
     fn sizes(&self) -> WindowSizes;
@@ -144,17 +142,14 @@ pub trait Transport: Send {
     fn publish_link(&self, link: Option<LinkFacts>);
     fn published_link(&self, rank: usize) -> Option<LinkFacts>;
 
-    /// The pid of `rank`'s process.
-    fn pid(&self, rank: usize) -> u32;
-
-    /// Single-copy reads: publishes, in this rank's control block, the
-    /// address in this process of that very word, for a peer to read back
-    /// from this process with `process_vm_readv` and so prove that it may.
-    /// `messages` (the ranges of message sizes for which this rank would
-    /// read straight from peers: the ring's all-gather's, then the direct
-    /// algorithm's, each as first and last) goes with it, for the ranks to
-    /// check that they agree. False (and nothing published) where peers must
-    /// not read this process's memory: every transport but shm.
+    /// Peer reads: publishes, in this rank's control block, the address in
+    /// this process of that very word, for a peer to read back with
+    /// `read_peer` and so prove that it may. `messages` (the ranges of
+    /// message sizes for which this rank would read straight from peers:
+    /// the ring's all-gather's, then the direct algorithm's, each as first
+    /// and last) goes with it, for the ranks to check that they agree. False
+    /// (and nothing published) where peers may not read this process's
+    /// memory.
     fn publish_probe(&self, _messages: [u64; 4]) -> bool {
         false
     }
@@ -162,6 +157,23 @@ pub trait Transport: Send {
     /// `publish_probe` (address 0 while none).
     fn probe(&self, _rank: usize) -> (u64, [u64; 4]) {
         (0, [0; 4])
+    }
+    /// Copies `into.len()` bytes at `address` in `owner`'s process into
+    /// `into`: only where `capabilities().peer_reads`, and only memory the
+    /// owner has said it will not change until this rank is done.
+    fn read_peer(&self, _owner: usize, _address: u64, _into: &mut [u8]) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+
+    /// The link under this rank's device as the transport sees it at init,
+    /// where it follows one (`capabilities().link_events`).
+    fn device_link(&self) -> Option<LinkFacts> {
+        None
+    }
+    /// The device link's facts if they changed since the last poll; never
+    /// blocks.
+    fn poll_link(&mut self) -> Option<LinkFacts> {
+        None
     }
 
     /// Records `failure` unless another is recorded already, wakes every

@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
-use super::error::EngineError;
-use super::shm;
-use super::transport::WindowSizes;
+use super::{shm, WindowSizes};
+use crate::engine::error::EngineError;
 
 const MAGIC: u32 = 0x5043_4945; // "PCIE"
 const VERSION: u32 = 1;

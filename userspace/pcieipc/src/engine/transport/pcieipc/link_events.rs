@@ -12,7 +12,7 @@ use crate::events::{Event, EventKind};
 use crate::probe::bdf::Bdf;
 use crate::probe::link::LinkSpeed;
 
-use super::chunk::LinkFacts;
+use crate::engine::chunk::LinkFacts;
 
 /// How long an AER error counts as recent: long enough that a link that
 /// keeps erring stays on the smaller chunk, short enough that a link that
@@ -34,7 +34,7 @@ fn reports_new_error(event: &Event) -> bool {
 }
 
 /// One rank's device link and its recent AER errors.
-pub(super) struct LinkEvents {
+pub(crate) struct LinkEvents {
     /// A non-blocking `/dev/pcieipc` of its own: every open file has its own
     /// cursor in the event stream.
     device: Device,

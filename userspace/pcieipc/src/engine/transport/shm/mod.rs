@@ -15,25 +15,64 @@ use std::time::Duration;
 
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
-use super::error::EngineError;
-use super::segment::{round_up, Layout, Segment, SegmentTransport, Signalling, PAGE};
-use super::transport::{Signal, TransportKind, WindowSizes, SIGNALS};
+mod peer_reads;
+
+use super::registry::{Registered, Setup, TransportConfig, TransportOptions};
+use super::rendezvous;
+use super::segment::{page_aligned, Layout, Segment, SegmentTransport, Signalling};
+use super::{Capabilities, Signal, Transport, WindowSizes, SIGNALS};
+use crate::engine::error::EngineError;
 
 /// The name under which the segment appears in /proc/<pid>/maps and fd links
 /// (`/memfd:pcieipc-engine`); tests look for it to prove nothing is left.
 pub const SEGMENT_NAME: &str = "pcieipc-engine";
 
-/// Rounds the requested window sizes so every slot starts on a page.
-pub(crate) fn page_aligned(sizes: WindowSizes) -> WindowSizes {
-    WindowSizes {
-        slot_bytes: round_up(sizes.slot_bytes.max(1), PAGE),
-        one_shot_bytes: round_up(sizes.one_shot_bytes.max(1), PAGE),
-        ..sizes
+/// The shm transport's options: it has none of its own.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ShmOptions;
+
+pub(super) const REGISTERED: Registered = Registered {
+    name: "shm",
+    summary: "a memfd segment in host memory shared by the ranks of one host; futex sleeps",
+    defaults: || TransportOptions::new(ShmOptions),
+};
+
+impl TransportConfig for ShmOptions {
+    fn name(&self) -> &'static str {
+        REGISTERED.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        <Futexes as Signalling>::CAPABILITIES
+    }
+
+    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Transport>, EngineError> {
+        let sizes = page_aligned(setup.sizes);
+        let joined = if setup.rank == 0 {
+            rendezvous::host(
+                setup.rendezvous,
+                setup.nranks,
+                sizes,
+                setup.join_timeout,
+                || Ok(()),
+            )?
+            .0
+        } else {
+            rendezvous::join(
+                setup.rendezvous,
+                setup.rank,
+                setup.nranks,
+                setup.join_timeout,
+            )?
+        };
+        let transport =
+            ShmTransport::attach(joined.segment, setup.rank, joined.sizes, joined.pids)?;
+        Ok(Box::new(transport))
     }
 }
 
 /// Creates the segment for `nranks` ranks (rank 0 does this once).
-pub(crate) fn create_segment(nranks: usize, sizes: WindowSizes) -> Result<OwnedFd, EngineError> {
+pub(super) fn create_segment(nranks: usize, sizes: WindowSizes) -> Result<OwnedFd, EngineError> {
     let layout = Layout::new(nranks, sizes);
     let io = |context: &'static str| {
         move |errno: nix::errno::Errno| EngineError::SharedMemory {
@@ -50,11 +89,11 @@ pub(crate) fn create_segment(nranks: usize, sizes: WindowSizes) -> Result<OwnedF
     Ok(fd)
 }
 
-pub(super) type ShmTransport = SegmentTransport<Futexes>;
+type ShmTransport = SegmentTransport<Futexes>;
 
 /// Futex sleeps and wakes on the counters of the memfd segment, which this
 /// keeps mapped.
-pub(super) struct Futexes {
+pub(crate) struct Futexes {
     mapping: NonNull<std::ffi::c_void>,
     length: usize,
 }
@@ -75,7 +114,7 @@ impl Drop for Futexes {
 impl ShmTransport {
     /// Maps the segment `fd` (then closes the descriptor) and watches the
     /// peers' processes.
-    pub(crate) fn attach(
+    fn attach(
         fd: OwnedFd,
         rank: usize,
         sizes: WindowSizes,
@@ -149,7 +188,21 @@ fn futex_wake_all(word: &AtomicU32) {
 }
 
 impl Signalling for Futexes {
-    const KIND: TransportKind = TransportKind::Shm;
+    const NAME: &'static str = REGISTERED.name;
+    const CAPABILITIES: Capabilities = Capabilities {
+        peer_reads: true,
+        link_events: false,
+        device_memory: false,
+    };
+
+    fn allow_peer_reads() -> bool {
+        peer_reads::allow();
+        true
+    }
+
+    fn read_peer(pid: u32, address: u64, into: &mut [u8]) -> std::io::Result<()> {
+        peer_reads::read(pid, address, into)
+    }
 
     fn store(transport: &ShmTransport, owner: usize, signal: Signal, value: u32) {
         let counter = transport.segment.counter(owner, signal);

@@ -1,0 +1,42 @@
+//! The host collectives: each algorithm as the steps `schedule` gives it,
+//! moved through the communicator's slots and waits. Nothing here touches
+//! shared memory by pointer or names a transport; what a transport can do
+//! reaches the algorithms as `Communicator::single_copy`.
+
+mod broadcast;
+mod direct;
+mod one_shot;
+mod ring;
+
+use super::dtype::ReduceOp;
+
+/// The buffers of one call. In place, the rank's own contribution is read from
+/// the same memory the result is written to.
+pub(crate) enum Buffers<'a, T> {
+    InPlace(&'a mut [T]),
+    OutOfPlace { input: &'a [T], output: &'a mut [T] },
+}
+
+impl<T> Buffers<'_, T> {
+    pub(crate) fn input(&self) -> &[T] {
+        match self {
+            Buffers::InPlace(buffer) => buffer,
+            Buffers::OutOfPlace { input, .. } => input,
+        }
+    }
+
+    pub(crate) fn output(&mut self) -> &mut [T] {
+        match self {
+            Buffers::InPlace(buffer) => buffer,
+            Buffers::OutOfPlace { output, .. } => output,
+        }
+    }
+}
+
+/// Which ring collective, with its reduction.
+#[derive(Clone, Copy)]
+pub(crate) enum RingCall {
+    AllReduce(ReduceOp),
+    ReduceScatter(ReduceOp),
+    AllGather,
+}

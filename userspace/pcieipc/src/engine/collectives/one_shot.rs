@@ -1,0 +1,51 @@
+//! One-shot all_reduce on the host: every rank publishes its buffer in its
+//! one-shot windows, round by round, and reduces all N in rank order.
+
+use super::Buffers;
+use crate::engine::comm::{CallDescriptor, Communicator, MESSAGE_HEADER_BYTES};
+use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
+use crate::engine::error::EngineError;
+use crate::engine::schedule::OneShot;
+use crate::engine::transport::Signal;
+
+impl Communicator {
+    pub(crate) fn run_one_shot<T: Element>(
+        &mut self,
+        call: CallDescriptor,
+        op: ReduceOp,
+        mut buffers: Buffers<T>,
+    ) -> Result<(), EngineError> {
+        let schedule = OneShot {
+            count: call.count as usize,
+            window_elements: (self.transport.sizes().one_shot_bytes - MESSAGE_HEADER_BYTES)
+                / std::mem::size_of::<T>(),
+        };
+        for round in 0..schedule.rounds() {
+            let range = schedule.round(round);
+            let parity = OneShot::window_parity(u64::from(self.one_shot_rounds));
+            self.one_shot_window::<T>(parity, range.len())
+                .copy_from_slice(&buffers.input()[range.clone()]);
+            self.post_round();
+            for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
+                self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
+                if round == 0 {
+                    self.peer_one_shot_window::<T>(peer, parity, 0, true)?;
+                }
+            }
+            // Each owner posted this round; nobody writes its window again
+            // until every rank has posted the next round.
+            let data = (0..self.nranks)
+                .map(|owner| self.peer_one_shot_window::<T>(owner, parity, range.len(), false))
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            let output = &mut buffers.output()[range];
+            combine(op, output, &data[1], Some(&data[0]));
+            for owner_data in &data[2..] {
+                combine(op, output, owner_data, None);
+            }
+            if op == ReduceOp::Avg {
+                finish_avg(output, self.nranks);
+            }
+        }
+        Ok(())
+    }
+}

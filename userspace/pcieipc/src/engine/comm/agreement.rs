@@ -1,0 +1,205 @@
+//! How ranks agree on each call: every rank publishes its descriptor before
+//! the call moves data, one rank decides the chunk size and the others adopt
+//! it, and a peer whose call differs (or whose stamp on a message does) is
+//! reported with both calls.
+
+use std::time::{Duration, Instant};
+
+use super::call::{CallDescriptor, CallKind};
+use super::slots::MESSAGE_HEADER_BYTES;
+use super::Communicator;
+use crate::engine::dtype::{DType, ReduceOp};
+use crate::engine::error::EngineError;
+use crate::engine::failure::Failure;
+use crate::engine::schedule::Algorithm;
+use crate::engine::transport::Signal;
+
+/// How often a rank whose transport follows a device link polls it: a
+/// non-blocking read, kept off the path of back-to-back small calls.
+const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
+
+impl Communicator {
+    /// Starts call number `self.calls`: refuses if the communicator has failed,
+    /// settles the chunk size, and publishes the call for the peers to check.
+    ///
+    /// One rank decides each call's chunk, the smallest that any rank's
+    /// published link asks for: rank 0 for the ring calls, whose descriptor
+    /// the others wait for and adopt (rank 0 cannot finish a ring call before
+    /// every rank has begun it, so its descriptor is still there), and the root
+    /// for a broadcast, whose chunk reaches the others on its messages' stamps
+    /// (a root can run calls ahead of the chain).
+    pub(crate) fn begin(
+        &mut self,
+        kind: CallKind,
+        dtype: DType,
+        op: Option<ReduceOp>,
+        count: usize,
+        root: usize,
+        algorithm: Algorithm,
+    ) -> Result<CallDescriptor, EngineError> {
+        if let Some(failure) = self.transport.failure() {
+            return Err(failure.into());
+        }
+        self.follow_link_events();
+        let mut call = CallDescriptor {
+            kind,
+            dtype,
+            op,
+            count: count as u64,
+            root: root as u32,
+            algorithm,
+            chunk_bytes: 0,
+        };
+        // reduce_scatter's and all_gather's count is one rank's share.
+        let message_bytes = match kind {
+            CallKind::ReduceScatter | CallKind::AllGather => count * self.nranks,
+            CallKind::AllReduce | CallKind::Broadcast => count,
+        } * dtype.size_bytes();
+        let decider = match kind {
+            CallKind::Broadcast => root,
+            _ => 0,
+        };
+        if algorithm == Algorithm::Ring {
+            if self.rank == decider {
+                call.chunk_bytes = self.decide_chunk(message_bytes, dtype.size_bytes());
+            } else if kind != CallKind::Broadcast {
+                call.chunk_bytes = self.adopt_chunk(call, message_bytes)?;
+            }
+        }
+        self.transport.publish_call(self.calls, call);
+        if self.rank == 0 {
+            self.transport
+                .store(0, Signal::CallsPublished, (self.calls + 1) as u32);
+        }
+        self.current_call = Some(call);
+        self.predecessor_checked = false;
+        Ok(call)
+    }
+
+    pub(crate) fn end(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
+        self.calls += 1;
+        self.last_call = self.current_call.take();
+        result
+    }
+
+    /// The current call, as this rank made it.
+    pub(crate) fn current_call(&self) -> CallDescriptor {
+        self.current_call.expect("only asked inside a call")
+    }
+
+    /// Takes the chunk size a broadcast root decided (read from the stamp
+    /// on its first message) as this call's.
+    pub(crate) fn adopt_chunk_bytes(&mut self, chunk_bytes: u32) {
+        if let Some(call) = &mut self.current_call {
+            call.chunk_bytes = chunk_bytes;
+        }
+    }
+
+    /// Publishes the device link's changes since the last poll, where the
+    /// transport follows one.
+    fn follow_link_events(&mut self) {
+        if !self.transport.capabilities().link_events
+            || self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD
+        {
+            return;
+        }
+        self.link_events_polled = Instant::now();
+        if let Some(link) = self.transport.poll_link() {
+            self.set_link(Some(link));
+        }
+    }
+
+    /// The chunk for a message of `message_bytes`: the smallest any rank's
+    /// link asks for, within what a slot holds, in whole elements.
+    fn decide_chunk(&self, message_bytes: usize, element_bytes: usize) -> u32 {
+        let slot_capacity = self.transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
+        let policy = &self.options.chunk_policy;
+        let wished = (0..self.nranks)
+            .map(|rank| {
+                let link = self.transport.published_link(rank);
+                policy.chunk_bytes(link.as_ref(), message_bytes)
+            })
+            .min()
+            .unwrap_or(slot_capacity)
+            .clamp(64, slot_capacity);
+        (wished / element_bytes * element_bytes) as u32
+    }
+
+    /// Waits for rank 0 to publish this call and returns the chunk size it
+    /// decided; a different call there is a mismatch.
+    fn adopt_chunk(
+        &mut self,
+        call: CallDescriptor,
+        message_bytes: usize,
+    ) -> Result<u32, EngineError> {
+        self.wait_for(0, 0, Signal::CallsPublished, (self.calls + 1) as u32)?;
+        match self.transport.published_call(0, self.calls) {
+            Some(decided) if decided.same_call(&call) => Ok(decided.chunk_bytes),
+            Some(peer_call) => Err(self.abort_mismatch(call, 0, peer_call)),
+            // Rank 0 already runs a later call, which only a call that needs
+            // nothing from this rank lets it do (a broadcast from rank 0): the
+            // calls differ, which the stamp on the first message received
+            // reports. Until then any chunk does.
+            None => Ok(self.decide_chunk(message_bytes, call.dtype.size_bytes())),
+        }
+    }
+
+    /// Compares `peer`'s published descriptor of the current call with ours.
+    pub(crate) fn check_call(&self, peer: usize) -> Result<(), EngineError> {
+        let Some(call) = self.current_call else {
+            return Ok(());
+        };
+        match self.transport.published_call(peer, self.calls) {
+            Some(peer_call) if !peer_call.same_call(&call) => {
+                Err(self.abort_mismatch(call, peer, peer_call))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks the stamp `peer` wrote on a message it published (`stamp`:
+    /// its call number and descriptor words) against our call, and returns
+    /// the peer's call (with the chunk size it moves in). The stamp travels
+    /// with the data, so this holds however many calls ahead the peer has
+    /// run (a broadcast chain lets it run ahead).
+    pub(crate) fn check_stamp(
+        &self,
+        peer: usize,
+        stamp: [u64; 4],
+    ) -> Result<CallDescriptor, EngineError> {
+        let call = self.current_call();
+        let peer_call = CallDescriptor::from_words([stamp[1], stamp[2], stamp[3]]);
+        if let Some(peer_call) =
+            peer_call.filter(|peer_call| stamp[0] == self.calls && peer_call.same_call(&call))
+        {
+            return Ok(peer_call);
+        }
+        // A stamp that does not decode, or the same call under another call
+        // number, means the peer's sequence of calls diverged from ours.
+        Err(self.abort_mismatch(call, peer, peer_call.unwrap_or(call)))
+    }
+
+    /// The stamp of the current call, as messages carry it.
+    pub(crate) fn stamp(&self) -> [u64; 4] {
+        let [head, count, chunk_bytes] = self.current_call().to_words();
+        [self.calls, head, count, chunk_bytes]
+    }
+
+    /// Records that `peer` made `peer_call` where this rank made `call`, and
+    /// returns the failure that stands (another may have been recorded first).
+    fn abort_mismatch(
+        &self,
+        call: CallDescriptor,
+        peer: usize,
+        peer_call: CallDescriptor,
+    ) -> EngineError {
+        self.transport
+            .abort(Failure::MismatchedCall {
+                rank: self.rank,
+                call,
+                peer,
+                peer_call,
+            })
+            .into()
+    }
+}

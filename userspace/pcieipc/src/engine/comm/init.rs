@@ -1,0 +1,90 @@
+//! Joining a communicator: checking what the caller asked for, binding the
+//! rank to its CPU, opening the transport with windows sized from the
+//! options, and agreeing with every peer on reading each other's memory.
+
+use std::time::{Duration, Instant};
+
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+use super::options::CommOptions;
+use super::slots::MESSAGE_HEADER_BYTES;
+use super::{Communicator, StreamCounts};
+use crate::engine::error::EngineError;
+use crate::engine::transport::{Setup, WindowSizes};
+
+fn bind_to_cpu(cpu: usize) -> Result<(), EngineError> {
+    let mut set = CpuSet::new();
+    set.set(cpu)
+        .and_then(|()| sched_setaffinity(Pid::from_raw(0), &set))
+        .map_err(|errno| EngineError::BindCpu {
+            cpu,
+            source: errno.into(),
+        })
+}
+
+impl Communicator {
+    /// Joins the communicator `rendezvous` (a job-unique name) as `rank` of
+    /// `nranks`. Returns once every rank has joined and the transport is up.
+    pub fn init(
+        rendezvous: &str,
+        rank: usize,
+        nranks: usize,
+        options: CommOptions,
+    ) -> Result<Communicator, EngineError> {
+        let started = Instant::now();
+        if nranks == 0 {
+            return Err(EngineError::NoRanks);
+        }
+        if rank >= nranks {
+            return Err(EngineError::RankOutOfRange { rank, nranks });
+        }
+        if let Some(cpu) = options.bind_cpu {
+            bind_to_cpu(cpu)?;
+        }
+        let in_flight = options.in_flight.max(1);
+        // Steps after the first that one chunk makes: 2(N−1) − 1 for all_reduce.
+        let relay_steps = (2 * nranks).saturating_sub(3).max(1);
+        let setup = Setup {
+            rendezvous,
+            rank,
+            nranks,
+            sizes: WindowSizes {
+                slot_bytes: MESSAGE_HEADER_BYTES + options.chunk_policy.max_chunk_bytes(),
+                raw_slots: in_flight + 1,
+                relay_slots: (in_flight + 1) * relay_steps,
+                // A message at the budget fits one window, stamp included.
+                one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
+            },
+            join_timeout: options.join_timeout,
+        };
+        let transport = options.transport.open(&setup)?;
+        let link = transport.device_link().or(options.link);
+        // Rank 0's choice: the windows were sized with it.
+        let in_flight = transport.sizes().raw_slots - 1;
+        let mut communicator = Communicator {
+            transport,
+            rank,
+            nranks,
+            options: CommOptions {
+                in_flight,
+                ..options
+            },
+            link_events_polled: Instant::now(),
+            calls: 0,
+            raw: StreamCounts::default(),
+            relay: StreamCounts::default(),
+            one_shot_rounds: 0,
+            direct_scratch: Vec::new(),
+            predecessor_checked: false,
+            current_call: None,
+            last_call: None,
+            init_time: Duration::ZERO,
+            single_copy: false,
+        };
+        communicator.set_link(link);
+        communicator.single_copy = communicator.agree_on_peer_reads()?;
+        communicator.init_time = started.elapsed();
+        Ok(communicator)
+    }
+}

@@ -1,0 +1,81 @@
+//! What a rank chooses when it joins a communicator.
+
+use std::time::Duration;
+
+use crate::engine::chunk::{ChunkPolicy, LinkFacts};
+use crate::engine::schedule::AlgorithmChoice;
+use crate::engine::transport::TransportOptions;
+
+/// Everything a rank chooses when it joins. Rank 0's window sizes (chunk
+/// policy's largest chunk, `in_flight`, `one_shot_read_budget`) are the ones the
+/// segment is built with; the per-call choices are checked across ranks.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// The transport and its own options (the registry's names parse into
+    /// it: `"pcieipc".parse()`).
+    pub transport: TransportOptions,
+    /// How long the rendezvous waits for every rank.
+    pub join_timeout: Duration,
+    /// How long a rank waits on one peer inside a collective before it names
+    /// that peer (or the peer that one waits for) as unresponsive.
+    pub peer_timeout: Duration,
+    /// How long a waiting rank polls before it sleeps on the futex: a short
+    /// spin hides the wake-up latency when the peer is only slightly late.
+    pub spin: Duration,
+    pub chunk_policy: ChunkPolicy,
+    /// The link under this rank's ring hop at init (`None`: host memory),
+    /// changed later with `set_link`. A transport with link events follows
+    /// its device's link instead.
+    pub link: Option<LinkFacts>,
+    /// How many chunks each ring step may run ahead of the next (the slack
+    /// between neighbours); the windows hold in_flight + 1 chunks per step.
+    pub in_flight: usize,
+    pub algorithm: AlgorithmChoice,
+    /// The most bytes a rank reads from its peers on the one-shot path:
+    /// all_reduce of `bytes` goes one-shot while bytes·(N−1) fits.
+    pub one_shot_read_budget: usize,
+    /// Binds the calling thread to this CPU at init, as MPI launchers bind
+    /// ranks to cores: two ranks time-sharing one core turn every wait into a
+    /// context switch.
+    pub bind_cpu: Option<usize>,
+    /// Where the transport has peer reads: let the ring's all-gather copy
+    /// each finished chunk once, straight from the predecessor's output,
+    /// where every rank may read its predecessor's memory (probed at init;
+    /// all ranks agree), and let the direct algorithm run. False on any
+    /// rank: every rank copies twice, through the relay slots, as on
+    /// transports without peer reads.
+    pub single_copy: bool,
+    /// The all_reduce (and reduce_scatter, all_gather) message sizes, in
+    /// bytes of the whole buffer, that take the single-copy path where it is
+    /// on: elsewhere the relay slots measured faster on the 2-core
+    /// development VM (docs/engine.md). Must be the same on every rank
+    /// (checked at init: ranks that differ all fall back to the relay slots).
+    pub single_copy_messages: std::ops::RangeInclusive<usize>,
+    /// The all_reduce message sizes, in bytes, that the automatic choice
+    /// sends by the direct algorithm where single-copy reads are on (each
+    /// rank reduces its own segment from every peer's input, then copies the
+    /// others' from their owners): measured ahead of the ring from 4 MiB to
+    /// 16 MiB on the development VM (docs/engine.md). Agreed at init like
+    /// `single_copy_messages`.
+    pub direct_messages: std::ops::RangeInclusive<usize>,
+}
+
+impl Default for CommOptions {
+    fn default() -> CommOptions {
+        CommOptions {
+            transport: TransportOptions::default(),
+            join_timeout: Duration::from_secs(30),
+            peer_timeout: Duration::from_secs(60),
+            spin: Duration::from_micros(50),
+            chunk_policy: ChunkPolicy::default(),
+            link: None,
+            in_flight: 4,
+            algorithm: AlgorithmChoice::Auto,
+            one_shot_read_budget: 64 << 10,
+            bind_cpu: None,
+            single_copy: true,
+            single_copy_messages: (2 << 20)..=(16 << 20),
+            direct_messages: (4 << 20)..=(16 << 20),
+        }
+    }
+}

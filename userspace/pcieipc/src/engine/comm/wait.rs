@@ -1,0 +1,142 @@
+//! Waiting for a peer: a bounded spin, then sleeps in slices between which
+//! failures, dead or departed peers, mismatched calls and the timeout are
+//! checked, so a wait always ends, and a failed one names the rank at fault.
+
+use std::time::{Duration, Instant};
+
+use super::Communicator;
+use crate::engine::error::EngineError;
+use crate::engine::failure::Failure;
+use crate::engine::transport::Signal;
+
+/// How long a waiting rank that is not bound to a CPU polls before it starts
+/// yielding its core between polls.
+const EAGER_SPIN: Duration = Duration::from_micros(2);
+
+/// How long a blocked rank sleeps between liveness and timeout checks: the
+/// bound on how late a dead peer is noticed, and few enough wake-ups that a
+/// rank waiting for a late peer costs next to no CPU.
+const LIVENESS_SLICE: Duration = Duration::from_millis(10);
+
+impl Communicator {
+    pub(crate) fn successor(&self) -> usize {
+        (self.rank + 1) % self.nranks
+    }
+
+    pub(crate) fn predecessor(&self) -> usize {
+        (self.rank + self.nranks - 1) % self.nranks
+    }
+
+    /// Posts this rank's next round on its one-shot counter.
+    pub(crate) fn post_round(&mut self) {
+        self.one_shot_rounds = self.one_shot_rounds.wrapping_add(1);
+        self.transport
+            .store(self.rank, Signal::OneShotPosted, self.one_shot_rounds);
+    }
+
+    /// The rank at the end of the chain of ranks blocked on each other that
+    /// starts at `peer`: the one actually not making progress.
+    fn culprit(&self, peer: usize) -> usize {
+        let mut culprit = peer;
+        for _ in 0..self.nranks {
+            match self.transport.blocked_on(culprit) {
+                Some(next) if next != self.rank && next != culprit => culprit = next,
+                _ => break,
+            }
+        }
+        culprit
+    }
+
+    /// Waits until `owner`'s `signal` reaches `target` (wrapping), which `peer`
+    /// is to bring about: a bounded spin, then futex sleeps in slices between
+    /// which failures, dead or departed peers, mismatched calls and the
+    /// timeout are checked.
+    pub(crate) fn wait_for(
+        &self,
+        peer: usize,
+        owner: usize,
+        signal: Signal,
+        target: u32,
+    ) -> Result<(), EngineError> {
+        let reached = |value: u32| value.wrapping_sub(target) as i32 >= 0;
+        let transport = &*self.transport;
+        let mut value = transport.load(owner, signal);
+        if reached(value) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        // Poll back to back (a peer on another core is usually about to
+        // post). An unbound rank then yields between polls, since on an
+        // oversubscribed host its peer may be queued on this very core; a
+        // bound rank's peer never is, and yielding would only hand the core
+        // to an unrelated task for a whole scheduler slice.
+        let yield_after = match self.options.bind_cpu {
+            Some(_) => self.options.spin,
+            None => EAGER_SPIN,
+        };
+        loop {
+            let spun = started.elapsed();
+            if spun >= self.options.spin {
+                break;
+            }
+            if spun < yield_after {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            value = transport.load(owner, signal);
+            if reached(value) {
+                return Ok(());
+            }
+        }
+        transport.set_blocked_on(Some(peer));
+        let outcome = loop {
+            // A peer may post what we need and then leave or exit: what it
+            // posted stays readable, so progress is checked before failures.
+            value = transport.load(owner, signal);
+            if reached(value) {
+                break Ok(());
+            }
+            if let Some(failure) = transport.failure() {
+                break Err(failure.into());
+            }
+            if let Err(mismatch) = self.check_call(peer) {
+                break Err(mismatch);
+            }
+            // A rank that exited after dropping its communicator finished
+            // cleanly; one that exited without doing so died mid-job.
+            let died = transport
+                .dead_peers()
+                .into_iter()
+                .find(|(rank, _)| !transport.departed(*rank));
+            if let Some((rank, pid)) = died {
+                break Err(transport.abort(Failure::PeerDied { rank, pid }).into());
+            }
+            if transport.departed(peer) {
+                // It may have posted what we wait for after our load above and
+                // then left (a rank returns from its last call without waiting
+                // for its successor to read): the departure, seen here,
+                // publishes that post.
+                if reached(transport.load(owner, signal)) {
+                    break Ok(());
+                }
+                break Err(transport.abort(Failure::PeerLeft { rank: peer }).into());
+            }
+            let waited = started.elapsed();
+            if waited >= self.options.peer_timeout {
+                let rank = self.culprit(peer);
+                break Err(transport
+                    .abort(Failure::PeerUnresponsive { rank, waited })
+                    .into());
+            }
+            transport.sleep(
+                owner,
+                signal,
+                value,
+                LIVENESS_SLICE.min(self.options.peer_timeout - waited),
+            );
+        };
+        transport.set_blocked_on(None);
+        outcome
+    }
+}

@@ -1,0 +1,181 @@
+//! A mapping of a segment and the accessors of its control area.
+
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::layout::{
+    Counter, GlobalControl, Layout, RankControl, ABORT_NONE, ABORT_SET, ABORT_WRITING,
+};
+use crate::engine::comm::CallDescriptor;
+use crate::engine::failure::Failure;
+use crate::engine::transport::{Signal, Window};
+
+/// A mapping of the region, seen through its layout.
+pub(crate) struct Segment {
+    base: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Segment {
+    /// # Safety
+    ///
+    /// `base` is page aligned and starts a shared mapping of at least
+    /// `layout.total` bytes that outlives the `Segment`, whose control area is
+    /// zeroed or written only through segments of the same layout.
+    pub(crate) unsafe fn new(base: NonNull<u8>, layout: Layout) -> Segment {
+        Segment { base, layout }
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub(crate) fn global(&self) -> &GlobalControl {
+        // SAFETY: the control page is at the start of the mapping (page
+        // aligned), zero-initialised atomics are valid, and the mapping
+        // outlives `self`.
+        unsafe { &*self.base.as_ptr().cast::<GlobalControl>() }
+    }
+
+    pub(crate) fn control(&self, rank: usize) -> &RankControl {
+        assert!(rank < self.layout.nranks, "rank {rank} out of range");
+        // SAFETY: `Layout` reserves nranks RankControl blocks at `controls`;
+        // the mapping is page aligned and outlives `self`.
+        unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(self.layout.controls)
+                .cast::<RankControl>()
+                .add(rank)
+        }
+    }
+
+    pub(crate) fn counter(&self, owner: usize, signal: Signal) -> &Counter {
+        &self.control(owner).counters[signal as usize]
+    }
+
+    pub(crate) fn window(&self, owner: usize, window: Window) -> *mut u8 {
+        let sizes = self.layout.sizes;
+        let offset = match window {
+            Window::Raw { slot } => {
+                assert!(slot < sizes.raw_slots);
+                slot * sizes.slot_bytes
+            }
+            Window::Relay { slot } => {
+                assert!(slot < sizes.relay_slots);
+                self.layout.relay + slot * sizes.slot_bytes
+            }
+            Window::OneShot { parity } => {
+                assert!(parity < 2);
+                self.layout.one_shot + parity * sizes.one_shot_bytes
+            }
+        };
+        assert!(owner < self.layout.nranks);
+        // SAFETY: `Layout` places every window of every rank inside the mapping.
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(self.layout.windows + owner * self.layout.per_rank_windows + offset)
+        }
+    }
+
+    pub(crate) fn set_blocked_on(&self, rank: usize, peer: Option<usize>) {
+        let encoded = peer.map_or(0, |peer| peer as u32 + 1);
+        self.control(rank)
+            .status
+            .blocked_on
+            .store(encoded, Ordering::Release);
+    }
+
+    pub(crate) fn blocked_on(&self, rank: usize) -> Option<usize> {
+        match self.control(rank).status.blocked_on.load(Ordering::Acquire) {
+            0 => None,
+            encoded => Some(encoded as usize - 1),
+        }
+    }
+
+    /// Marks `rank` departed; the caller then wakes the peers asleep on its
+    /// counters.
+    pub(crate) fn set_departed(&self, rank: usize) {
+        // SeqCst, not just Release: pcieipc then reads the sleepers'
+        // `sleeping_on`, and this store must not pass that load.
+        self.control(rank)
+            .status
+            .departed
+            .store(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn departed(&self, rank: usize) -> bool {
+        self.control(rank).status.departed.load(Ordering::Acquire) != 0
+    }
+
+    pub(crate) fn publish_call(&self, rank: usize, seq: u64, call: CallDescriptor) {
+        // A seqlock: readers that see the sequence change under them discard
+        // what they read.
+        let entry = &self.control(rank).published[(seq % 2) as usize];
+        entry.seq_plus_one.store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (word, value) in entry.words.iter().zip(call.to_words()) {
+            word.store(value, Ordering::Relaxed);
+        }
+        entry.seq_plus_one.store(seq + 1, Ordering::Release);
+    }
+
+    pub(crate) fn published_call(&self, owner: usize, seq: u64) -> Option<CallDescriptor> {
+        let entry = &self.control(owner).published[(seq % 2) as usize];
+        if entry.seq_plus_one.load(Ordering::Acquire) != seq + 1 {
+            return None;
+        }
+        let words = [0, 1, 2].map(|at| entry.words[at].load(Ordering::Relaxed));
+        std::sync::atomic::fence(Ordering::Acquire);
+        if entry.seq_plus_one.load(Ordering::Relaxed) != seq + 1 {
+            return None;
+        }
+        CallDescriptor::from_words(words)
+    }
+
+    /// Records `failure` unless a failure is already recorded, runs `wake_all`
+    /// (the transport wakes every sleeper), and returns the failure that
+    /// stands.
+    pub(crate) fn abort(&self, failure: Failure, wake_all: impl FnOnce()) -> Failure {
+        let global = self.global();
+        if global
+            .abort_state
+            .compare_exchange(
+                ABORT_NONE,
+                ABORT_WRITING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            for (word, value) in global.abort_words.iter().zip(failure.to_words()) {
+                word.store(value, Ordering::Relaxed);
+            }
+            // SeqCst, not just Release: as in `set_departed`.
+            global.abort_state.store(ABORT_SET, Ordering::SeqCst);
+        }
+        wake_all();
+        // Another rank may be writing its record right now: it takes a few
+        // stores, unless that rank died between them, which the bound covers.
+        let give_up = std::time::Instant::now() + Duration::from_millis(100);
+        while std::time::Instant::now() < give_up {
+            if let Some(standing) = self.failure() {
+                return standing;
+            }
+            std::hint::spin_loop();
+        }
+        failure
+    }
+
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        let global = self.global();
+        if global.abort_state.load(Ordering::Acquire) != ABORT_SET {
+            return None;
+        }
+        let words = std::array::from_fn(|at| global.abort_words[at].load(Ordering::Relaxed));
+        Failure::from_words(words)
+    }
+}
