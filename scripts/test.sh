@@ -17,7 +17,11 @@ step() {
 
 step "UAPI bindings regenerate without a diff" bash scripts/gen-uapi.sh --check
 step "cargo test --workspace" cargo test -q --workspace --release
-step "cargo clippy --workspace (warnings are errors)" cargo clippy -q --workspace --all-targets --release -- -D warnings
+step "cargo clippy --workspace, GPU tests included (warnings are errors)" cargo clippy -q --workspace --all-targets --all-features --release -- -D warnings
+step "cargo fmt --check" cargo fmt --all --check
+step "kmod: CLIPPY=1 build (warnings are errors)" make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules
+step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs
+step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" bash -c 'scripts/check-kmod-imports.sh --self-test && scripts/check-kmod-imports.sh'
 
 # Guest tests: TOPOLOGY GUEST-SCRIPT [HOST-SCRIPT]
 while read -r topology guest host; do

@@ -86,9 +86,16 @@ pub fn decode_aer(regs: &uapi::pcieipc_aer_regs) -> Vec<AerError> {
             let known = UNCORRECTABLE.iter().find(|b| b.bit == position);
             errors.push(AerError {
                 bit: position,
-                name: known.map_or_else(|| format!("Uncorrectable bit {position}"), |b| b.name.into()),
+                name: known.map_or_else(
+                    || format!("Uncorrectable bit {position}"),
+                    |b| b.name.into(),
+                ),
                 short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
-                severity: if regs.uncor_severity & mask != 0 { Severity::Fatal } else { Severity::NonFatal },
+                severity: if regs.uncor_severity & mask != 0 {
+                    Severity::Fatal
+                } else {
+                    Severity::NonFatal
+                },
                 masked: regs.uncor_mask & mask != 0,
             });
         }
@@ -99,7 +106,8 @@ pub fn decode_aer(regs: &uapi::pcieipc_aer_regs) -> Vec<AerError> {
             let known = CORRECTABLE.iter().find(|b| b.bit == position);
             errors.push(AerError {
                 bit: position,
-                name: known.map_or_else(|| format!("Correctable bit {position}"), |b| b.name.into()),
+                name: known
+                    .map_or_else(|| format!("Correctable bit {position}"), |b| b.name.into()),
                 short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
                 severity: Severity::Correctable,
                 masked: regs.cor_mask & mask != 0,
@@ -173,13 +181,22 @@ impl Link {
 
 /// GT/s of a speed generation (1 = 2.5 GT/s ... 6 = 64 GT/s), as lspci prints it.
 pub fn speed_gts(generation: u8) -> String {
-    LinkSpeed::from_encoding(generation)
-        .map_or_else(|| "unknown".into(), |speed| format!("{}GT/s", speed.gigatransfers_per_second()))
+    LinkSpeed::from_encoding(generation).map_or_else(
+        || "unknown".into(),
+        |speed| format!("{}GT/s", speed.gigatransfers_per_second()),
+    )
 }
 
 impl fmt::Display for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (port {}): {} x{}", self.bdf, self.upstream_port, speed_gts(self.speed), self.width)?;
+        write!(
+            f,
+            "{} (port {}): {} x{}",
+            self.bdf,
+            self.upstream_port,
+            speed_gts(self.speed),
+            self.width
+        )?;
         if self.max_speed == 0 {
             write!(f, ", capability unknown")?;
         } else {
@@ -286,7 +303,10 @@ impl Event {
             uapi::PCIEIPC_EVENT_RESET => EventKind::Reset,
             _ => EventKind::Unknown,
         };
-        let has_link = matches!(kind, EventKind::LinkChange | EventKind::DeviceGone | EventKind::LinkRetrain);
+        let has_link = matches!(
+            kind,
+            EventKind::LinkChange | EventKind::DeviceGone | EventKind::LinkRetrain
+        );
         let errno_result = |r: u32| {
             if r == 0 {
                 "ok".to_string()
@@ -300,14 +320,26 @@ impl Event {
             kind,
             bdf: bdf_string(e.bdf),
             lost: (kind == EventKind::Overflow).then_some(e.lost),
-            aer_step: if kind == EventKind::Aer { aer_step_name(e.aer_step) } else { None },
-            channel_state: if kind == EventKind::Aer { channel_state_name(e.channel_state) } else { None },
+            aer_step: if kind == EventKind::Aer {
+                aer_step_name(e.aer_step)
+            } else {
+                None
+            },
+            channel_state: if kind == EventKind::Aer {
+                channel_state_name(e.channel_state)
+            } else {
+                None
+            },
             result: match kind {
                 EventKind::Aer => Some(ers_result_name(e.result)),
                 EventKind::LinkRetrain | EventKind::Reset => Some(errno_result(e.result)),
                 _ => None,
             },
-            errors: if e.aer.present != 0 { decode_aer(&e.aer) } else { Vec::new() },
+            errors: if e.aer.present != 0 {
+                decode_aer(&e.aer)
+            } else {
+                Vec::new()
+            },
             first_error: first_error_pointer(&e.aer),
             aer_source: (e.aer.present != 0).then(|| bdf_string(e.aer.source_bdf)),
             link_before: has_link.then(|| Link::from_abi(&e.link_before)),
@@ -331,7 +363,11 @@ impl fmt::Display for Event {
             )?,
             EventKind::LinkChange => write!(f, " LINK_CHANGE")?,
             EventKind::DeviceGone => write!(f, " DEVICE_GONE")?,
-            EventKind::LinkRetrain => write!(f, " LINK_RETRAIN -> {}", self.result.as_deref().unwrap_or("?"))?,
+            EventKind::LinkRetrain => write!(
+                f,
+                " LINK_RETRAIN -> {}",
+                self.result.as_deref().unwrap_or("?")
+            )?,
             EventKind::Reset => write!(f, " RESET -> {}", self.result.as_deref().unwrap_or("?"))?,
             EventKind::Unknown => write!(f, " unknown event")?,
         }
@@ -354,7 +390,8 @@ impl fmt::Display for Event {
                 Severity::NonFatal => "non-fatal",
                 Severity::Fatal => "fatal",
             };
-            let first = error.severity != Severity::Correctable && self.first_error == Some(error.bit);
+            let first =
+                error.severity != Severity::Correctable && self.first_error == Some(error.bit);
             write!(
                 f,
                 " [{}] {} ({severity}{}{})",
@@ -410,8 +447,10 @@ mod tests {
             ..Default::default()
         };
         let errors = decode_aer(&regs);
-        let summary: Vec<(u8, &str, Severity, bool)> =
-            errors.iter().map(|e| (e.bit, e.short.as_str(), e.severity, e.masked)).collect();
+        let summary: Vec<(u8, &str, Severity, bool)> = errors
+            .iter()
+            .map(|e| (e.bit, e.short.as_str(), e.severity, e.masked))
+            .collect();
         assert_eq!(
             summary,
             [
@@ -426,9 +465,19 @@ mod tests {
     fn first_error_pointer_names_the_new_error() {
         // Data Link Protocol (4) still set from an earlier error; the First
         // Error Pointer says Completion Timeout (14) is the one reported now.
-        let regs = uapi::pcieipc_aer_regs { uncor_status: 1 << 4 | 1 << 14, cap_control: 0xa0 | 14, present: 1, ..Default::default() };
+        let regs = uapi::pcieipc_aer_regs {
+            uncor_status: 1 << 4 | 1 << 14,
+            cap_control: 0xa0 | 14,
+            present: 1,
+            ..Default::default()
+        };
         assert_eq!(first_error_pointer(&regs), Some(14));
-        let stale = uapi::pcieipc_aer_regs { uncor_status: 1 << 4, cap_control: 14, present: 1, ..Default::default() };
+        let stale = uapi::pcieipc_aer_regs {
+            uncor_status: 1 << 4,
+            cap_control: 14,
+            present: 1,
+            ..Default::default()
+        };
         assert_eq!(first_error_pointer(&stale), None);
     }
 
@@ -465,10 +514,20 @@ mod tests {
             kind: uapi::PCIEIPC_EVENT_LINK_RETRAIN,
             bdf: 0x80,
             result: (-110i32) as u32,
-            link_after: uapi::pcieipc_link_status { cur_speed: 1, cur_width: 1, max_speed: 4, max_width: 16, state: uapi::PCIEIPC_LINK_DEGRADED, ..Default::default() },
+            link_after: uapi::pcieipc_link_status {
+                cur_speed: 1,
+                cur_width: 1,
+                max_speed: 4,
+                max_width: 16,
+                state: uapi::PCIEIPC_LINK_DEGRADED,
+                ..Default::default()
+            },
             ..Default::default()
         });
-        assert_eq!(retrain.result.as_deref(), Some("ETIMEDOUT: Connection timed out"));
+        assert_eq!(
+            retrain.result.as_deref(),
+            Some("ETIMEDOUT: Connection timed out")
+        );
         assert!(retrain.link_after.as_ref().unwrap().degraded);
     }
 }

@@ -48,17 +48,28 @@ pub fn lay_out(topology: &Topology) -> Fabric {
             link_props(port)
         ));
         let carries_switch = topology.switches.iter().any(|s| s.parent == port.id);
-        fabric.expected_tree.push(root_port_line(&path, port, carries_switch));
+        fabric
+            .expected_tree
+            .push(root_port_line(&path, port, carries_switch));
         below_port(topology, &port.id, &path, &mut chassis, &mut fabric);
     }
     fabric
 }
 
 /// Adds whatever sits on port `port_id` (guest path `path`).
-fn below_port(topology: &Topology, port_id: &str, path: &str, chassis: &mut u32, fabric: &mut Fabric) {
+fn below_port(
+    topology: &Topology,
+    port_id: &str,
+    path: &str,
+    chassis: &mut u32,
+    fabric: &mut Fabric,
+) {
     let child_path = format!("{path}/00.0");
     if let Some(switch) = topology.switches.iter().find(|s| s.parent == port_id) {
-        fabric.devices.push(format!("x3130-upstream,id={},bus={port_id},addr=0x0.0", switch.id));
+        fabric.devices.push(format!(
+            "x3130-upstream,id={},bus={port_id},addr=0x0.0",
+            switch.id
+        ));
         fabric.expected_tree.push(TreeLine {
             path: child_path.clone(),
             pci_id: SWITCH_UPSTREAM_ID.into(),
@@ -86,7 +97,9 @@ fn below_port(topology: &Topology, port_id: &str, path: &str, chassis: &mut u32,
             EndpointKind::IvshmemDoorbell => {
                 let region_id = endpoint.region.as_deref().unwrap_or_default();
                 let vectors = topology.region(region_id).map_or(1, |r| r.vectors);
-                fabric.ivshmem.push((endpoint.id.clone(), region_id.to_string()));
+                fabric
+                    .ivshmem
+                    .push((endpoint.id.clone(), region_id.to_string()));
                 format!(",chardev={},vectors={vectors}", chardev_id(&endpoint.id))
             }
             // The testbed kernel has no ZONE_DMA: keep edu's DMA below 4 GiB.
@@ -158,7 +171,11 @@ mod tests {
                 "xio3130-downstream,id=dp2,bus=sw1,addr=0x1.0,chassis=4,slot=4",
             ]
         );
-        let lines: Vec<String> = fabric.expected_tree.iter().map(ToString::to_string).collect();
+        let lines: Vec<String> = fabric
+            .expected_tree
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(
             lines,
             [

@@ -21,7 +21,10 @@ const BUSYBOX: &str = "/bin/busybox";
 #[derive(Debug, thiserror::Error)]
 pub enum InitramfsError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Input { path: PathBuf, message: String },
     #[error("building the initramfs archive: {0}")]
@@ -115,11 +118,22 @@ pub fn build(contents: &Contents<'_>, staging: &Path, out: &Path) -> Result<(), 
     write(&staging.join("bin/host"), HOST, true)?;
     write(&staging.join("testbed/lib.sh"), LIB, false)?;
     copy(contents.guest_script, &staging.join("testbed/guest.sh"))?;
-    write(&staging.join("testbed/topology.toml"), contents.topology_text, false)?;
-    let tree: String = contents.expected_tree.iter().map(|l| format!("{l}\n")).collect();
+    write(
+        &staging.join("testbed/topology.toml"),
+        contents.topology_text,
+        false,
+    )?;
+    let tree: String = contents
+        .expected_tree
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
     write(&staging.join("testbed/expected-tree.txt"), &tree, false)?;
     if let Some(module) = contents.module {
-        copy(module, &staging.join("lib/modules").join(file_name(module)?))?;
+        copy(
+            module,
+            &staging.join("lib/modules").join(file_name(module)?),
+        )?;
     }
     for binary in contents.binaries {
         copy(binary, &staging.join("bin").join(file_name(binary)?))?;
@@ -143,25 +157,35 @@ pub fn build(contents: &Contents<'_>, staging: &Path, out: &Path) -> Result<(), 
         .status()
         .map_err(|e| InitramfsError::Archive(format!("cannot run find | cpio: {e}")))?;
     if !status.success() {
-        return Err(InitramfsError::Archive(format!("find | cpio exited with {status} (is cpio installed?)")));
+        return Err(InitramfsError::Archive(format!(
+            "find | cpio exited with {status} (is cpio installed?)"
+        )));
     }
     Ok(())
 }
 
 /// The shared libraries (and the dynamic loader) a binary needs, from ldd.
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, InitramfsError> {
-    let output = Command::new("ldd").arg(binary).output().map_err(|source| InitramfsError::Io {
-        path: binary.to_path_buf(),
-        source,
-    })?;
+    let output = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|source| InitramfsError::Io {
+            path: binary.to_path_buf(),
+            source,
+        })?;
     let text = String::from_utf8_lossy(&output.stdout);
-    if text.contains("not a dynamic executable") || String::from_utf8_lossy(&output.stderr).contains("not a dynamic") {
+    if text.contains("not a dynamic executable")
+        || String::from_utf8_lossy(&output.stderr).contains("not a dynamic")
+    {
         return Ok(Vec::new());
     }
     if !output.status.success() {
         return Err(InitramfsError::Input {
             path: binary.to_path_buf(),
-            message: format!("ldd failed: {}", String::from_utf8_lossy(&output.stderr).trim()),
+            message: format!(
+                "ldd failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
         });
     }
     let mut libraries = Vec::new();
@@ -207,10 +231,12 @@ fn copy(from: &Path, to: &Path) -> Result<(), InitramfsError> {
     if let Some(parent) = to.parent() {
         mkdir(parent)?;
     }
-    fs::copy(from, to).map(drop).map_err(|source| InitramfsError::Io {
-        path: from.to_path_buf(),
-        source,
-    })
+    fs::copy(from, to)
+        .map(drop)
+        .map_err(|source| InitramfsError::Io {
+            path: from.to_path_buf(),
+            source,
+        })
 }
 
 fn write(path: &Path, text: &str, executable: bool) -> Result<(), InitramfsError> {
@@ -220,8 +246,10 @@ fn write(path: &Path, text: &str, executable: bool) -> Result<(), InitramfsError
         source,
     })?;
     let mode = if executable { 0o755 } else { 0o644 };
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|source| InitramfsError::Io {
-        path: path.to_path_buf(),
-        source,
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|source| {
+        InitramfsError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }

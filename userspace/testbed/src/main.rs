@@ -9,7 +9,11 @@ use pcieipc_testbed::{
 };
 
 #[derive(Parser)]
-#[command(name = "pcieipc-testbed", version, about = "QEMU PCIe testbed for pcieipc and PCIe drivers")]
+#[command(
+    name = "pcieipc-testbed",
+    version,
+    about = "QEMU PCIe testbed for pcieipc and PCIe drivers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -114,15 +118,17 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Hmp { socket, command } => match Qmp::connect(&socket).and_then(|mut q| q.hmp(&command)) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
+        Command::Hmp { socket, command } => {
+            match Qmp::connect(&socket).and_then(|mut q| q.hmp(&command)) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("pcieipc-testbed: error: {err}");
+                    ExitCode::from(2)
+                }
             }
-            Err(err) => {
-                eprintln!("pcieipc-testbed: error: {err}");
-                ExitCode::from(2)
-            }
-        },
+        }
     }
 }

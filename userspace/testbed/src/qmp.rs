@@ -14,7 +14,10 @@ pub enum QmpError {
     #[error("QMP: {0}")]
     Io(#[from] std::io::Error),
     #[error("QMP: unreadable message {line:?}: {source}")]
-    Json { line: String, source: serde_json::Error },
+    Json {
+        line: String,
+        source: serde_json::Error,
+    },
     #[error("QMP: `{command}` failed: {message}")]
     Command { command: String, message: String },
     #[error("QMP: no {event} event within {timeout:?}")]
@@ -75,7 +78,11 @@ impl Qmp {
             if let Some(error) = message.get("error") {
                 return Err(QmpError::Command {
                     command: command.into(),
-                    message: error.get("desc").and_then(Value::as_str).unwrap_or("unknown error").into(),
+                    message: error
+                        .get("desc")
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown error")
+                        .into(),
                 });
             }
             if message.get("event").is_some() {
@@ -88,16 +95,25 @@ impl Qmp {
     /// so that no readline echo gets in the way. Its text output is returned;
     /// HMP reports many failures only as text, so callers check it.
     pub fn hmp(&mut self, command_line: &str) -> Result<String, QmpError> {
-        let value = self.execute("human-monitor-command", json!({ "command-line": command_line }))?;
+        let value = self.execute(
+            "human-monitor-command",
+            json!({ "command-line": command_line }),
+        )?;
         Ok(value.as_str().unwrap_or_default().to_string())
     }
 
     /// Waits for an event whose name is `event` and, if given, whose
     /// `data.device` is `device`.
-    pub fn wait_event(&mut self, event: &str, device: Option<&str>, timeout: Duration) -> Result<Value, QmpError> {
+    pub fn wait_event(
+        &mut self,
+        event: &str,
+        device: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Value, QmpError> {
         let matches = |m: &Value| {
             m.get("event").and_then(Value::as_str) == Some(event)
-                && device.is_none_or(|d| m.pointer("/data/device").and_then(Value::as_str) == Some(d))
+                && device
+                    .is_none_or(|d| m.pointer("/data/device").and_then(Value::as_str) == Some(d))
         };
         if let Some(index) = self.pending_events.iter().position(matches) {
             return Ok(self.pending_events.remove(index));
@@ -114,7 +130,12 @@ impl Qmp {
             self.reader.get_ref().set_read_timeout(Some(left))?;
             let message = match self.read_message() {
                 Ok(m) => m,
-                Err(QmpError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(QmpError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
                     continue
                 }
                 Err(e) => return Err(e),

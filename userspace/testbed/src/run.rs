@@ -87,37 +87,63 @@ pub enum RunError {
         source: pcieipc_ivshmem_server::Error,
     },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("QEMU ({qemu}) could not start: {source}")]
-    QemuSpawn { qemu: PathBuf, source: std::io::Error },
+    QemuSpawn {
+        qemu: PathBuf,
+        source: std::io::Error,
+    },
     #[error("QEMU exited ({status}) before the guest finished; QEMU said:\n{stderr}\nlast console lines:\n{tail}")]
-    QemuExited { status: String, stderr: String, tail: String },
-    #[error("QEMU did not connect its {what} socket within {CONNECT_TIMEOUT:?}; QEMU said:\n{stderr}")]
+    QemuExited {
+        status: String,
+        stderr: String,
+        tail: String,
+    },
+    #[error(
+        "QEMU did not connect its {what} socket within {CONNECT_TIMEOUT:?}; QEMU said:\n{stderr}"
+    )]
     NoConnection { what: &'static str, stderr: String },
     #[error(transparent)]
     Qmp(#[from] QmpError),
     #[error(
         "the guest did not finish within {limit:?}: QEMU was killed; QEMU said:\n{stderr}\nlast console lines:\n{tail}"
     )]
-    Timeout { limit: Duration, tail: String, stderr: String },
+    Timeout {
+        limit: Duration,
+        tail: String,
+        stderr: String,
+    },
     #[error("host script {path} failed: {status}")]
     HostScript { path: PathBuf, status: String },
 }
 
 pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
     let topology = Topology::load(&config.topology)?;
-    let topology_text = std::fs::read_to_string(&config.topology).map_err(|source| RunError::Io {
-        path: config.topology.clone(),
-        source,
-    })?;
-    for (path, what) in [(&config.guest_script, "guest script"), (&config.kernel, "kernel image")] {
+    let topology_text =
+        std::fs::read_to_string(&config.topology).map_err(|source| RunError::Io {
+            path: config.topology.clone(),
+            source,
+        })?;
+    for (path, what) in [
+        (&config.guest_script, "guest script"),
+        (&config.kernel, "kernel image"),
+    ] {
         if !path.is_file() {
-            return Err(RunError::Missing { path: path.clone(), what });
+            return Err(RunError::Missing {
+                path: path.clone(),
+                what,
+            });
         }
     }
     if let Some(module) = &config.module {
         if !module.is_file() {
-            return Err(RunError::Missing { path: module.clone(), what: "kernel module" });
+            return Err(RunError::Missing {
+                path: module.clone(),
+                what: "kernel module",
+            });
         }
     }
     let fabric = fabric::lay_out(&topology);
@@ -144,39 +170,64 @@ pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
     let qmp_listener = bind(&qmp_path)?;
 
     let memory = topology.vm.memory_mib.unwrap_or(512);
-    let args = qemu_args(config, &fabric, &servers, &initrd, memory, &control_path, &qmp_path, &host_qmp_path);
+    let args = qemu_args(
+        config,
+        &fabric,
+        &servers,
+        &initrd,
+        memory,
+        &control_path,
+        &qmp_path,
+        &host_qmp_path,
+    );
     let mut qemu = Command::new(&config.qemu)
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|source| RunError::QemuSpawn { qemu: config.qemu.clone(), source })?;
+        .map_err(|source| RunError::QemuSpawn {
+            qemu: config.qemu.clone(),
+            source,
+        })?;
     let guard = KillOnDrop(&mut qemu);
-    let result = supervise(config, &topology, guard, control_listener, qmp_listener, &host_qmp_path);
+    let result = supervise(
+        config,
+        &topology,
+        guard,
+        control_listener,
+        qmp_listener,
+        &host_qmp_path,
+    );
     drop(servers);
     result
 }
 
 /// One ivshmem server per region, listening in the work directory.
-fn start_ivshmem_servers(topology: &Topology, dir: &Path) -> Result<Vec<(String, RunningServer)>, RunError> {
+fn start_ivshmem_servers(
+    topology: &Topology,
+    dir: &Path,
+) -> Result<Vec<(String, RunningServer)>, RunError> {
     topology
         .regions
         .iter()
         .map(|region| {
             let config = ServerConfig {
                 socket_path: dir.join(format!("ivshmem-{}.sock", region.id)),
-                shm_size: pcieipc_ivshmem_server::parse_size(&region.size).map_err(|source| RunError::Ivshmem {
-                    region: region.id.clone(),
-                    source,
+                shm_size: pcieipc_ivshmem_server::parse_size(&region.size).map_err(|source| {
+                    RunError::Ivshmem {
+                        region: region.id.clone(),
+                        source,
+                    }
                 })?,
                 vectors: region.vectors,
                 max_peers: DEFAULT_MAX_PEERS,
             };
-            let server = pcieipc_ivshmem_server::spawn(config).map_err(|source| RunError::Ivshmem {
-                region: region.id.clone(),
-                source,
-            })?;
+            let server =
+                pcieipc_ivshmem_server::spawn(config).map_err(|source| RunError::Ivshmem {
+                    region: region.id.clone(),
+                    source,
+                })?;
             Ok((region.id.clone(), server))
         })
         .collect()
@@ -194,8 +245,20 @@ fn qemu_args(
     host_qmp: &Path,
 ) -> Vec<String> {
     let mut args: Vec<String> = [
-        "-accel", "tcg", "-M", "q35", "-cpu", "max", "-smp", "2", "-nodefaults", "-display", "none", "-no-reboot",
-        "-serial", "stdio",
+        "-accel",
+        "tcg",
+        "-M",
+        "q35",
+        "-cpu",
+        "max",
+        "-smp",
+        "2",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-serial",
+        "stdio",
     ]
     .map(String::from)
     .to_vec();
@@ -227,10 +290,17 @@ fn qemu_args(
     args.push("-global".into());
     args.push("ICH9-LPC.acpi-pci-hotplug-with-bridge-support=off".into());
     for (endpoint, region) in &fabric.ivshmem {
-        let socket = servers.iter().find(|(id, _)| id == region).map(|(_, s)| s.socket_path().to_path_buf());
+        let socket = servers
+            .iter()
+            .find(|(id, _)| id == region)
+            .map(|(_, s)| s.socket_path().to_path_buf());
         if let Some(socket) = socket {
             args.push("-chardev".into());
-            args.push(format!("socket,id={},path={}", fabric::chardev_id(endpoint), socket.display()));
+            args.push(format!(
+                "socket,id={},path={}",
+                fabric::chardev_id(endpoint),
+                socket.display()
+            ));
         }
     }
     for device in &fabric.devices {
@@ -268,10 +338,19 @@ fn supervise(
         }
     });
 
-    let qemu_failed = |qemu: &mut KillOnDrop<'_>, stderr_reader: thread::JoinHandle<String>, tail: String| {
-        let status = qemu.0.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-        RunError::QemuExited { status, stderr: stderr_reader.join().unwrap_or_default(), tail }
-    };
+    let qemu_failed =
+        |qemu: &mut KillOnDrop<'_>, stderr_reader: thread::JoinHandle<String>, tail: String| {
+            let status = qemu
+                .0
+                .wait()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string());
+            RunError::QemuExited {
+                status,
+                stderr: stderr_reader.join().unwrap_or_default(),
+                tail,
+            }
+        };
     let qmp_stream = match accept(&qmp_listener, &mut qemu) {
         Some(stream) => stream,
         None => {
@@ -304,7 +383,10 @@ fn supervise(
                 .arg(path)
                 .env("PCIEIPC_TESTBED_QMP", host_qmp)
                 .spawn()
-                .map_err(|source| RunError::Io { path: path.clone(), source })?,
+                .map_err(|source| RunError::Io {
+                    path: path.clone(),
+                    source,
+                })?,
         )),
         None => None,
     };
@@ -351,11 +433,17 @@ fn supervise(
             Some(status) => status,
             None => {
                 let _ = child.kill();
-                child.wait().map_err(|source| RunError::Io { path: path.clone(), source })?
+                child.wait().map_err(|source| RunError::Io {
+                    path: path.clone(),
+                    source,
+                })?
             }
         };
         if !status.success() {
-            return Err(RunError::HostScript { path, status: status.to_string() });
+            return Err(RunError::HostScript {
+                path,
+                status: status.to_string(),
+            });
         }
     }
     let started = console.iter().any(|l| l.contains(MARK_START));
@@ -386,7 +474,9 @@ fn kernel_log_failures(console: &[String]) -> Vec<String> {
 /// Answers the guest's requests on ttyS1, one line each way, until the
 /// guest side closes.
 fn serve_control(stream: UnixStream, qmp: &mut Qmp) {
-    let Ok(mut writer) = stream.try_clone() else { return };
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
     let reader = BufReader::new(stream);
     for line in reader.split(b'\n').map_while(Result::ok) {
         let request = String::from_utf8_lossy(&line).trim().to_string();
@@ -408,17 +498,23 @@ fn handle_request(request: &str, qmp: &mut Qmp) -> Result<String, String> {
     match verb {
         "hmp" => qmp.hmp(rest).map_err(|e| e.to_string()),
         "unplug" => {
-            qmp.execute("device_del", json!({ "id": rest })).map_err(|e| e.to_string())?;
+            qmp.execute("device_del", json!({ "id": rest }))
+                .map_err(|e| e.to_string())?;
             qmp.wait_event("DEVICE_DELETED", Some(rest), UNPLUG_TIMEOUT)
                 .map(|_| format!("{rest} removed"))
                 .map_err(|e| e.to_string())
         }
-        _ => Err(format!("unknown request {verb:?}: use `hmp COMMAND` or `unplug DEVICE-ID`")),
+        _ => Err(format!(
+            "unknown request {verb:?}: use `hmp COMMAND` or `unplug DEVICE-ID`"
+        )),
     }
 }
 
 fn bind(path: &Path) -> Result<UnixListener, RunError> {
-    UnixListener::bind(path).map_err(|source| RunError::Io { path: path.to_path_buf(), source })
+    UnixListener::bind(path).map_err(|source| RunError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Accepts QEMU's connection, giving up when QEMU exits or time runs out.
@@ -443,7 +539,10 @@ fn accept(listener: &UnixListener, qemu: &mut KillOnDrop<'_>) -> Option<UnixStre
     None
 }
 
-fn stop_and_collect(qemu: &mut KillOnDrop<'_>, stderr_reader: thread::JoinHandle<String>) -> String {
+fn stop_and_collect(
+    qemu: &mut KillOnDrop<'_>,
+    stderr_reader: thread::JoinHandle<String>,
+) -> String {
     let _ = qemu.0.kill();
     let _ = qemu.0.wait();
     stderr_reader.join().unwrap_or_default()
@@ -488,7 +587,10 @@ impl WorkDir {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&path).map_err(|source| RunError::Io { path: path.clone(), source })?;
+        std::fs::create_dir_all(&path).map_err(|source| RunError::Io {
+            path: path.clone(),
+            source,
+        })?;
         Ok(Self(path))
     }
 
@@ -521,7 +623,10 @@ mod tests {
         .to_vec();
         assert_eq!(
             kernel_log_failures(&console),
-            ["[    0.2] WARNING: CPU: 0 PID: 1 at kmod/chardev.rs:10", "[    0.3] Call Trace:"]
+            [
+                "[    0.2] WARNING: CPU: 0 PID: 1 at kmod/chardev.rs:10",
+                "[    0.3] Call Trace:"
+            ]
         );
         assert!(kernel_log_failures(&console[2..3]).is_empty());
     }

@@ -184,7 +184,8 @@ impl Topology {
 
     /// Parses and checks topology text.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
-        let topology: Topology = toml::from_str(text).map_err(|e| ParseError::Syntax(e.to_string()))?;
+        let topology: Topology =
+            toml::from_str(text).map_err(|e| ParseError::Syntax(e.to_string()))?;
         topology.check().map_err(ParseError::Invalid)?;
         Ok(topology)
     }
@@ -195,16 +196,22 @@ impl Topology {
         }
         let mut kinds: HashMap<&str, &str> = HashMap::new();
         let claim = |id: &'_ str, what: &'static str| -> Result<(), String> {
-            if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-                return Err(format!("{what} id {id:?}: use letters, digits, '-' and '_'"));
+            if id.is_empty()
+                || !id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(format!(
+                    "{what} id {id:?}: use letters, digits, '-' and '_'"
+                ));
             }
             Ok(())
         };
-        let ports = self
-            .root_ports
-            .iter()
-            .map(|p| (p, "root port"))
-            .chain(self.switches.iter().flat_map(|s| s.downstream.iter().map(|p| (p, "downstream port"))));
+        let ports = self.root_ports.iter().map(|p| (p, "root port")).chain(
+            self.switches
+                .iter()
+                .flat_map(|s| s.downstream.iter().map(|p| (p, "downstream port"))),
+        );
         for (port, what) in ports {
             claim(&port.id, what)?;
             if kinds.insert(&port.id, what).is_some() {
@@ -212,7 +219,10 @@ impl Topology {
             }
             if let Some(width) = port.width {
                 if !LINK_WIDTHS.contains(&width) {
-                    return Err(format!("{what} {:?}: width {width} is not one of {LINK_WIDTHS:?}", port.id));
+                    return Err(format!(
+                        "{what} {:?}: width {width} is not one of {LINK_WIDTHS:?}",
+                        port.id
+                    ));
                 }
             }
         }
@@ -231,10 +241,16 @@ impl Topology {
                 return Err(format!("id {:?} is used twice", switch.id));
             }
             if switch.downstream.is_empty() {
-                return Err(format!("switch {:?} has no [[switch.downstream]] port", switch.id));
+                return Err(format!(
+                    "switch {:?} has no [[switch.downstream]] port",
+                    switch.id
+                ));
             }
             if switch.downstream.len() > 32 {
-                return Err(format!("switch {:?} has more than 32 downstream ports", switch.id));
+                return Err(format!(
+                    "switch {:?} has more than 32 downstream ports",
+                    switch.id
+                ));
             }
         }
         for endpoint in &self.endpoints {
@@ -249,15 +265,25 @@ impl Topology {
             if regions.insert(region.id.as_str(), region).is_some() {
                 return Err(format!("region id {:?} is used twice", region.id));
             }
-            let size = parse_size(&region.size).map_err(|e| format!("region {:?}: {e}", region.id))?;
+            let size =
+                parse_size(&region.size).map_err(|e| format!("region {:?}: {e}", region.id))?;
             if size < MIN_SHM_SIZE {
-                return Err(format!("region {:?}: size {size} is below {MIN_SHM_SIZE} bytes", region.id));
+                return Err(format!(
+                    "region {:?}: size {size} is below {MIN_SHM_SIZE} bytes",
+                    region.id
+                ));
             }
             if !size.is_power_of_two() {
-                return Err(format!("region {:?}: size {size} is not a power of two (ivshmem needs one)", region.id));
+                return Err(format!(
+                    "region {:?}: size {size} is not a power of two (ivshmem needs one)",
+                    region.id
+                ));
             }
             if region.vectors == 0 {
-                return Err(format!("region {:?}: vectors must be at least 1", region.id));
+                return Err(format!(
+                    "region {:?}: vectors must be at least 1",
+                    region.id
+                ));
             }
         }
         // Every port carries one device below it: a link has two ends.
@@ -266,22 +292,40 @@ impl Topology {
             .switches
             .iter()
             .map(|s| (s.id.as_str(), s.parent.as_str()))
-            .chain(self.endpoints.iter().map(|e| (e.id.as_str(), e.parent.as_str())));
+            .chain(
+                self.endpoints
+                    .iter()
+                    .map(|e| (e.id.as_str(), e.parent.as_str())),
+            );
         for (child, parent) in children {
             match kinds.get(parent) {
                 Some(&"root port") | Some(&"downstream port") => {}
-                Some(other) => return Err(format!("{child:?} sits on {parent:?}, which is a {other}, not a port")),
-                None => return Err(format!("{child:?} sits on {parent:?}, which is not defined")),
+                Some(other) => {
+                    return Err(format!(
+                        "{child:?} sits on {parent:?}, which is a {other}, not a port"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "{child:?} sits on {parent:?}, which is not defined"
+                    ))
+                }
             }
             if let Some(first) = occupied.insert(parent, child) {
-                return Err(format!("port {parent:?} carries both {first:?} and {child:?}: one device per port"));
+                return Err(format!(
+                    "port {parent:?} carries both {first:?} and {child:?}: one device per port"
+                ));
             }
         }
         // Switches must hang off the root, not off themselves.
         for switch in &self.switches {
             let mut seen = vec![switch.id.as_str()];
             let mut parent = switch.parent.as_str();
-            while let Some(owner) = self.switches.iter().find(|s| s.downstream.iter().any(|p| p.id == parent)) {
+            while let Some(owner) = self
+                .switches
+                .iter()
+                .find(|s| s.downstream.iter().any(|p| p.id == parent))
+            {
                 if seen.contains(&owner.id.as_str()) {
                     return Err(format!("switch {:?} is part of a loop", switch.id));
                 }
@@ -291,14 +335,25 @@ impl Topology {
         }
         for endpoint in &self.endpoints {
             match (endpoint.kind, &endpoint.region) {
-                (EndpointKind::IvshmemDoorbell, Some(region)) if !regions.contains_key(region.as_str()) => {
-                    return Err(format!("endpoint {:?}: region {region:?} is not defined", endpoint.id))
+                (EndpointKind::IvshmemDoorbell, Some(region))
+                    if !regions.contains_key(region.as_str()) =>
+                {
+                    return Err(format!(
+                        "endpoint {:?}: region {region:?} is not defined",
+                        endpoint.id
+                    ))
                 }
                 (EndpointKind::IvshmemDoorbell, None) => {
-                    return Err(format!("endpoint {:?}: an ivshmem-doorbell needs `region = \"...\"`", endpoint.id))
+                    return Err(format!(
+                        "endpoint {:?}: an ivshmem-doorbell needs `region = \"...\"`",
+                        endpoint.id
+                    ))
                 }
                 (kind, Some(_)) if kind != EndpointKind::IvshmemDoorbell => {
-                    return Err(format!("endpoint {:?}: only ivshmem-doorbell takes a region", endpoint.id))
+                    return Err(format!(
+                        "endpoint {:?}: only ivshmem-doorbell takes a region",
+                        endpoint.id
+                    ))
                 }
                 _ => {}
             }
@@ -372,18 +427,40 @@ pub(crate) mod tests {
     fn refuses_bad_fabrics_with_the_reason() {
         assert!(invalid("").contains("at least one root port"));
         let unknown_kind = FABRIC.replace("kind = \"edu\"", "kind = \"nvme\"");
-        assert!(invalid(&unknown_kind).contains("unknown variant `nvme`"), "{}", invalid(&unknown_kind));
-        assert!(invalid(&FABRIC.replace("speed = \"2.5\"", "speed = \"3\"")).contains("unknown variant `3`"));
+        assert!(
+            invalid(&unknown_kind).contains("unknown variant `nvme`"),
+            "{}",
+            invalid(&unknown_kind)
+        );
+        assert!(invalid(&FABRIC.replace("speed = \"2.5\"", "speed = \"3\""))
+            .contains("unknown variant `3`"));
         assert!(invalid(&FABRIC.replace("width = 1\n", "width = 3\n")).contains("width 3"));
-        assert!(invalid(&FABRIC.replace("parent = \"rp1\"", "parent = \"rp9\"")).contains("\"rp9\", which is not defined"));
-        assert!(invalid(&FABRIC.replace("parent = \"rp1\"", "parent = \"rp2\"")).contains("carries both"));
-        assert!(invalid(&FABRIC.replace("parent = \"rp1\"", "parent = \"sw1\"")).contains("not a port"));
+        assert!(
+            invalid(&FABRIC.replace("parent = \"rp1\"", "parent = \"rp9\""))
+                .contains("\"rp9\", which is not defined")
+        );
+        assert!(
+            invalid(&FABRIC.replace("parent = \"rp1\"", "parent = \"rp2\""))
+                .contains("carries both")
+        );
+        assert!(
+            invalid(&FABRIC.replace("parent = \"rp1\"", "parent = \"sw1\"")).contains("not a port")
+        );
         assert!(invalid(&FABRIC.replace("size = \"1M\"", "size = \"3M\"")).contains("power of two"));
-        assert!(invalid(&FABRIC.replace("region = \"shm\"", "region = \"other\"")).contains("\"other\" is not defined"));
+        assert!(
+            invalid(&FABRIC.replace("region = \"shm\"", "region = \"other\""))
+                .contains("\"other\" is not defined")
+        );
         assert!(invalid(&FABRIC.replace("id = \"edu0\"", "id = \"rp1\"")).contains("used twice"));
         assert!(invalid(&format!("{FABRIC}\nspede = 1")).contains("unknown field `spede`"));
-        assert!(invalid(&FABRIC.replace("{ id = \"dp2\" }", "{ id = \"dp2\", width = 4 }")).contains("no link speed or width"));
-        assert!(matches!(Topology::parse("[[root_port]\nid="), Err(ParseError::Syntax(_))));
+        assert!(
+            invalid(&FABRIC.replace("{ id = \"dp2\" }", "{ id = \"dp2\", width = 4 }"))
+                .contains("no link speed or width")
+        );
+        assert!(matches!(
+            Topology::parse("[[root_port]\nid="),
+            Err(ParseError::Syntax(_))
+        ));
         assert!(invalid(&FABRIC.replace("size = \"1M\"", "size = \"1K\"")).contains("below 4096"));
     }
 }

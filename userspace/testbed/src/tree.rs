@@ -76,20 +76,31 @@ impl FromStr for TreeLine {
 
     fn from_str(line: &str) -> Result<Self, String> {
         let mut words = line.split_whitespace();
-        let (Some(path), Some(pci_id), Some(role)) = (words.next(), words.next(), words.next()) else {
-            return Err(format!("tree line {line:?}: expected `PATH VENDOR:DEVICE ROLE [speed=S] [width=W]`"));
+        let (Some(path), Some(pci_id), Some(role)) = (words.next(), words.next(), words.next())
+        else {
+            return Err(format!(
+                "tree line {line:?}: expected `PATH VENDOR:DEVICE ROLE [speed=S] [width=W]`"
+            ));
         };
-        let role = [Role::RootPort, Role::SwitchUpstream, Role::SwitchDownstream, Role::Endpoint]
-            .into_iter()
-            .find(|r| r.name() == role)
-            .ok_or_else(|| format!("tree line {line:?}: unknown role {role:?}"))?;
+        let role = [
+            Role::RootPort,
+            Role::SwitchUpstream,
+            Role::SwitchDownstream,
+            Role::Endpoint,
+        ]
+        .into_iter()
+        .find(|r| r.name() == role)
+        .ok_or_else(|| format!("tree line {line:?}: unknown role {role:?}"))?;
         let mut tree_line = TreeLine {
             path: path.into(),
             pci_id: pci_id.into(),
             role,
             ..TreeLine::default()
         };
-        let width = |v: &str| v.parse().map_err(|_| format!("tree line {line:?}: bad width {v:?}"));
+        let width = |v: &str| {
+            v.parse()
+                .map_err(|_| format!("tree line {line:?}: bad width {v:?}"))
+        };
         for word in words {
             match word.split_once('=') {
                 Some(("speed", v)) => tree_line.speed_gts = Some(v.into()),
@@ -143,7 +154,11 @@ fn sorted_functions(dir: &Path) -> Result<Vec<PathBuf>, ScanError> {
     let mut functions: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(is_function_name))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_function_name)
+        })
         .collect();
     functions.sort();
     Ok(functions)
@@ -156,17 +171,22 @@ fn is_function_name(name: &str) -> bool {
 
 /// "0000:02:01.0" -> "01.0".
 fn slot_of(function_dir: &Path) -> String {
-    let name = function_dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = function_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     name[8..].to_string()
 }
 
 fn read_function(dir: &Path, path: &str) -> Result<TreeLine, ScanError> {
     let read = |attr: &str| -> Result<String, ScanError> {
         let file = dir.join(attr);
-        std::fs::read_to_string(&file).map(|s| s.trim().to_string()).map_err(|e| ScanError {
-            path: file,
-            message: e.to_string(),
-        })
+        std::fs::read_to_string(&file)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| ScanError {
+                path: file,
+                message: e.to_string(),
+            })
     };
     let hex = |attr: &str| -> Result<u32, ScanError> {
         let text = read(attr)?;
@@ -185,7 +205,8 @@ fn read_function(dir: &Path, path: &str) -> Result<TreeLine, ScanError> {
     let is_port = matches!(role, Role::RootPort | Role::SwitchDownstream);
     let link_attr = |attr: &str| if is_port { read(attr).ok() } else { None };
     // "16.0 GT/s PCIe" -> "16.0"
-    let gts = |text: Option<String>| text.and_then(|s| s.split_whitespace().next().map(String::from));
+    let gts =
+        |text: Option<String>| text.and_then(|s| s.split_whitespace().next().map(String::from));
     let lanes = |text: Option<String>| text.and_then(|s| s.parse().ok());
     Ok(TreeLine {
         path: path.to_string(),
@@ -264,7 +285,13 @@ mod tests {
         c
     }
 
-    fn function(dir: &Path, vendor: u16, device: u16, port_type: Option<u8>, link: Option<(&str, &str)>) {
+    fn function(
+        dir: &Path,
+        vendor: u16,
+        device: u16,
+        port_type: Option<u8>,
+        link: Option<(&str, &str)>,
+    ) {
         function_with_max(dir, vendor, device, port_type, link, link)
     }
 
@@ -299,10 +326,23 @@ mod tests {
         function(&rp, 0x1b36, 0x000c, Some(4), Some(("2.5 GT/s PCIe", "1")));
         function(&rp.join("0000:01:00.0"), 0x1234, 0x11e8, None, None);
         let rp2 = bus0.join("0000:00:11.0");
-        function_with_max(&rp2, 0x1b36, 0x000c, Some(4), Some(("2.5 GT/s PCIe", "1")), Some(("16.0 GT/s PCIe", "16")));
+        function_with_max(
+            &rp2,
+            0x1b36,
+            0x000c,
+            Some(4),
+            Some(("2.5 GT/s PCIe", "1")),
+            Some(("16.0 GT/s PCIe", "16")),
+        );
         let up = rp2.join("0000:02:00.0");
         function(&up, 0x104c, 0x8232, Some(5), Some(("2.5 GT/s PCIe", "1")));
-        function(&up.join("0000:03:01.0"), 0x104c, 0x8233, Some(6), Some(("8.0 GT/s PCIe", "4")));
+        function(
+            &up.join("0000:03:01.0"),
+            0x104c,
+            0x8233,
+            Some(6),
+            Some(("8.0 GT/s PCIe", "4")),
+        );
 
         let lines = scan(&root).unwrap();
         std::fs::remove_dir_all(&root).unwrap();
@@ -333,7 +373,11 @@ mod tests {
         let mut wrong = expected.clone();
         wrong[0].width = Some(4);
         wrong.pop();
-        wrong.push("11.0/00.0/02.0 104c:8233 switch-downstream".parse().unwrap());
+        wrong.push(
+            "11.0/00.0/02.0 104c:8233 switch-downstream"
+                .parse()
+                .unwrap(),
+        );
         assert_eq!(
             compare(&wrong, &lines),
             [
@@ -348,7 +392,13 @@ mod tests {
     #[test]
     fn refuses_malformed_lines() {
         assert!("10.0 1b36:000c".parse::<TreeLine>().is_err());
-        assert!("10.0 1b36:000c bridge".parse::<TreeLine>().unwrap_err().contains("unknown role"));
-        assert!("10.0 1b36:000c root-port width=x".parse::<TreeLine>().unwrap_err().contains("bad width"));
+        assert!("10.0 1b36:000c bridge"
+            .parse::<TreeLine>()
+            .unwrap_err()
+            .contains("unknown role"));
+        assert!("10.0 1b36:000c root-port width=x"
+            .parse::<TreeLine>()
+            .unwrap_err()
+            .contains("bad width"));
     }
 }

@@ -7,7 +7,8 @@ use std::{
 };
 
 fn workdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pcieipc-testbed-bad-{name}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("pcieipc-testbed-bad-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -18,7 +19,13 @@ fn run(dir: &Path, topology: &str, guest: &str) -> (i32, String) {
     let kernel = dir.join("bzImage");
     std::fs::write(&kernel, b"not booted").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_pcieipc-testbed"))
-        .args(["run", "--quiet", "--qemu", "/nonexistent/qemu", "--topology"])
+        .args([
+            "run",
+            "--quiet",
+            "--qemu",
+            "/nonexistent/qemu",
+            "--topology",
+        ])
         .arg(dir.join(topology))
         .arg("--guest")
         .arg(dir.join(guest))
@@ -26,10 +33,14 @@ fn run(dir: &Path, topology: &str, guest: &str) -> (i32, String) {
         .arg(&kernel)
         .output()
         .unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
-const GOOD: &str = "[[root_port]]\nid = \"rp1\"\n[[endpoint]]\nid = \"e\"\nkind = \"edu\"\nparent = \"rp1\"\n";
+const GOOD: &str =
+    "[[root_port]]\nid = \"rp1\"\n[[endpoint]]\nid = \"e\"\nkind = \"edu\"\nparent = \"rp1\"\n";
 
 #[test]
 fn missing_topology_file() {
@@ -37,7 +48,10 @@ fn missing_topology_file() {
     std::fs::write(dir.join("guest.sh"), "true\n").unwrap();
     let (status, err) = run(&dir, "nope.toml", "guest.sh");
     assert_eq!(status, 2);
-    assert!(err.contains("nope.toml: cannot read the topology file"), "{err}");
+    assert!(
+        err.contains("nope.toml: cannot read the topology file"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -58,7 +72,10 @@ fn unknown_device_kind() {
     let (status, err) = run(&dir, "t.toml", "guest.sh");
     assert_eq!(status, 2);
     assert!(err.contains("unknown variant `nvme`"), "{err}");
-    assert!(err.contains("ivshmem-doorbell") && err.contains("pci-testdev"), "lists the known kinds: {err}");
+    assert!(
+        err.contains("ivshmem-doorbell") && err.contains("pci-testdev"),
+        "lists the known kinds: {err}"
+    );
 }
 
 #[test]
@@ -77,5 +94,8 @@ fn missing_qemu_binary() {
     std::fs::write(dir.join("guest.sh"), "true\n").unwrap();
     let (status, err) = run(&dir, "t.toml", "guest.sh");
     assert_eq!(status, 2);
-    assert!(err.contains("QEMU (/nonexistent/qemu) could not start"), "{err}");
+    assert!(
+        err.contains("QEMU (/nonexistent/qemu) could not start"),
+        "{err}"
+    );
 }

@@ -26,17 +26,28 @@ fn number_before_usize(line: &str) -> u64 {
 }
 
 fn generated_layout() -> Layout {
-    let mut layout = Layout { sizes: BTreeMap::new(), fields: BTreeMap::new(), ioctls: Vec::new() };
+    let mut layout = Layout {
+        sizes: BTreeMap::new(),
+        fields: BTreeMap::new(),
+        ioctls: Vec::new(),
+    };
     let lines: Vec<&str> = GENERATED.lines().map(str::trim).collect();
     for (i, line) in lines.iter().enumerate() {
         // ["Size of pcieipc_version"][::core::mem::size_of::<pcieipc_version>() - 48usize];
         if let Some(rest) = line.strip_prefix("[\"Size of ") {
-            layout.sizes.insert(rest.split('"').next().unwrap().into(), number_before_usize(line));
+            layout.sizes.insert(
+                rest.split('"').next().unwrap().into(),
+                number_before_usize(line),
+            );
         }
         // ["Offset of field: pcieipc_version::argsz"] and the offset, on this line or the next.
         if let Some(rest) = line.strip_prefix("[\"Offset of field: ") {
             let (name, field) = rest.split('"').next().unwrap().split_once("::").unwrap();
-            let value_line = if line.contains("usize]") { line } else { lines[i + 1] };
+            let value_line = if line.contains("usize]") {
+                line
+            } else {
+                lines[i + 1]
+            };
             layout
                 .fields
                 .entry(name.into())
@@ -46,7 +57,10 @@ fn generated_layout() -> Layout {
         // pub const PCIEIPC_IOC_VERSION: u32 = 55040;
         if let Some(rest) = line.strip_prefix("pub const PCIEIPC_IOC_") {
             if let Some((name, value)) = rest.split_once(": u32 = ") {
-                layout.ioctls.push((format!("PCIEIPC_IOC_{name}"), value.trim_end_matches(';').parse().unwrap()));
+                layout.ioctls.push((
+                    format!("PCIEIPC_IOC_{name}"),
+                    value.trim_end_matches(';').parse().unwrap(),
+                ));
             }
         }
     }
@@ -58,7 +72,9 @@ fn gcc_values(expressions: &[String]) -> Vec<u64> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = std::env::temp_dir().join(format!("pcieipc-uapi-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut program = String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"pcieipc.h\"\nint main(void) {\n");
+    let mut program = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"pcieipc.h\"\nint main(void) {\n",
+    );
     for expr in expressions {
         program += &format!("    printf(\"%llu\\n\", (unsigned long long)({expr}));\n");
     }
@@ -75,7 +91,11 @@ fn gcc_values(expressions: &[String]) -> Vec<u64> {
     assert!(status.success(), "cc failed on include/uapi/pcieipc.h");
     let out = Command::new(dir.join("layout")).output().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    let values: Vec<u64> = String::from_utf8(out.stdout).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let values: Vec<u64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
     assert_eq!(values.len(), expressions.len());
     values
 }
@@ -83,8 +103,13 @@ fn gcc_values(expressions: &[String]) -> Vec<u64> {
 #[test]
 fn gcc_agrees_with_the_bindings_and_no_struct_has_padding() {
     let layout = generated_layout();
-    assert!(layout.sizes.contains_key("pcieipc_version") && layout.sizes.contains_key("pcieipc_event"));
-    assert!(layout.ioctls.iter().any(|(n, _)| n == "PCIEIPC_IOC_VERSION"));
+    assert!(
+        layout.sizes.contains_key("pcieipc_version") && layout.sizes.contains_key("pcieipc_event")
+    );
+    assert!(layout
+        .ioctls
+        .iter()
+        .any(|(n, _)| n == "PCIEIPC_IOC_VERSION"));
     let mut expressions = Vec::new();
     let mut expected = Vec::new();
     for (name, size) in &layout.sizes {
@@ -111,7 +136,10 @@ fn gcc_agrees_with_the_bindings_and_no_struct_has_padding() {
         ("PCIEIPC_MAX_VECTORS", PCIEIPC_MAX_VECTORS as u64),
         ("PCIEIPC_NUM_BARS", PCIEIPC_NUM_BARS as u64),
         ("PCIEIPC_WAIT_FOREVER", PCIEIPC_WAIT_FOREVER as u64),
-        ("PCIEIPC_EVENT_RING_CAPACITY", PCIEIPC_EVENT_RING_CAPACITY as u64),
+        (
+            "PCIEIPC_EVENT_RING_CAPACITY",
+            PCIEIPC_EVENT_RING_CAPACITY as u64,
+        ),
         ("PCIEIPC_BDF_NONE", PCIEIPC_BDF_NONE as u64),
         ("PCIEIPC_BDF(1, 0x3b, 9)", 0x0001_3b09),
     ] {
@@ -133,10 +161,16 @@ fn gcc_agrees_with_the_bindings_and_no_struct_has_padding() {
     for (name, fields) in &layout.fields {
         let mut end = 0;
         for (field, offset) in fields {
-            assert_eq!(*offset, end, "struct {name}: implicit padding before {field}");
+            assert_eq!(
+                *offset, end,
+                "struct {name}: implicit padding before {field}"
+            );
             end = offset + field_sizes.next().unwrap();
         }
-        assert_eq!(end, layout.sizes[name], "struct {name}: implicit padding at the end");
+        assert_eq!(
+            end, layout.sizes[name],
+            "struct {name}: implicit padding at the end"
+        );
     }
 }
 

@@ -226,9 +226,9 @@ impl Mapping {
 
     pub fn write(&self, offset: usize, bytes: &[u8]) {
         assert!(offset + bytes.len() <= self.length);
-        // SAFETY: in bounds (checked above) of a live mapping; volatile because another mapping
-        // of the same memory reads it.
         for (index, byte) in bytes.iter().enumerate() {
+            // SAFETY: in bounds (checked above) of a live mapping; volatile because another
+            // mapping of the same memory reads it.
             unsafe {
                 self.address
                     .cast::<u8>()

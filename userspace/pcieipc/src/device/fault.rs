@@ -1,11 +1,7 @@
 //! The fault path of `/dev/pcieipc`: link status and retraining of any PCI
 //! function, watches, and the event stream.
 
-use std::{
-    io::Read,
-    os::fd::AsRawFd,
-    time::Duration,
-};
+use std::{io::Read, os::fd::AsRawFd, time::Duration};
 
 use pcieipc_uapi as uapi;
 
@@ -38,7 +34,12 @@ impl Device {
 
     /// `PCIEIPC_IOC_LINK_RETRAIN`: retrains the link above `bdf`, optionally
     /// at a target speed generation; `timeout` None is the kernel's 1 s.
-    pub fn retrain(&self, bdf: u32, target_speed: Option<u8>, timeout: Option<Duration>) -> Result<Retrain, DeviceError> {
+    pub fn retrain(
+        &self,
+        bdf: u32,
+        target_speed: Option<u8>,
+        timeout: Option<Duration>,
+    ) -> Result<Retrain, DeviceError> {
         let mut arg = uapi::pcieipc_link_retrain {
             argsz: size_of::<uapi::pcieipc_link_retrain>() as u32,
             bdf,
@@ -78,7 +79,11 @@ impl Device {
 
     /// `PCIEIPC_IOC_WATCH` with ADD: check `bdf` every `period`.
     pub fn watch(&self, bdf: u32, period: Duration) -> Result<(), DeviceError> {
-        self.watch_call(bdf, uapi::PCIEIPC_WATCH_ADD, period.as_millis().min(u32::MAX as u128) as u32)
+        self.watch_call(
+            bdf,
+            uapi::PCIEIPC_WATCH_ADD,
+            period.as_millis().min(u32::MAX as u128) as u32,
+        )
     }
 
     /// `PCIEIPC_IOC_WATCH` with REMOVE.
@@ -107,18 +112,24 @@ impl Device {
         let read = self.file.read(&mut buffer).map_err(|e| {
             self.ioctl_error(
                 "read",
-                e.raw_os_error().map_or(nix::errno::Errno::EIO, nix::errno::Errno::from_raw),
+                e.raw_os_error()
+                    .map_or(nix::errno::Errno::EIO, nix::errno::Errno::from_raw),
             )
         })?;
         if read % record != 0 {
-            return Err(DeviceError::ShortRecord { path: self.path.clone(), bytes: read, record });
+            return Err(DeviceError::ShortRecord {
+                path: self.path.clone(),
+                bytes: read,
+                record,
+            });
         }
         Ok(buffer[..read]
             .chunks_exact(record)
             .map(|chunk| {
                 // SAFETY: `pcieipc_event` is plain integers (any bit pattern
                 // is valid) and `chunk` holds exactly one record.
-                let raw: uapi::pcieipc_event = unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast()) };
+                let raw: uapi::pcieipc_event =
+                    unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast()) };
                 Event::from_abi(&raw)
             })
             .collect())

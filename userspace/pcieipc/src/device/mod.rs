@@ -58,7 +58,11 @@ pub enum DeviceError {
         errno: nix::errno::Errno,
     },
     #[error("{path}: read {bytes} bytes, not a whole number of {record}-byte event records")]
-    ShortRecord { path: PathBuf, bytes: usize, record: usize },
+    ShortRecord {
+        path: PathBuf,
+        bytes: usize,
+        record: usize,
+    },
     #[error(
         "{path}: the module speaks ABI {module_major}.{module_minor}, this program ABI {ours_major}.{ours_minor}: \
          load the module built from the same sources"
@@ -103,7 +107,11 @@ impl Device {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(if nonblocking { nix::libc::O_NONBLOCK } else { 0 })
+            .custom_flags(if nonblocking {
+                nix::libc::O_NONBLOCK
+            } else {
+                0
+            })
             .open(&path)
             .map_err(|source| DeviceError::Open {
                 path: path.clone(),
@@ -181,7 +189,9 @@ impl DeviceError {
             DeviceError::Ioctl { errno, .. }
             | DeviceError::DeviceIoctl { errno, .. }
             | DeviceError::Mmap { errno, .. } => Some(*errno),
-            DeviceError::Open { .. } | DeviceError::AbiMismatch { .. } | DeviceError::ShortRecord { .. } => None,
+            DeviceError::Open { .. }
+            | DeviceError::AbiMismatch { .. }
+            | DeviceError::ShortRecord { .. } => None,
         }
     }
 }

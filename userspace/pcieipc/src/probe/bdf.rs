@@ -56,7 +56,10 @@ impl FromStr for Bdf {
 impl Bdf {
     /// `PCIEIPC_BDF(domain, bus, devfn)` of the module's ABI.
     pub fn to_abi(self) -> u32 {
-        self.domain << 16 | u32::from(self.bus) << 8 | u32::from(self.device) << 3 | u32::from(self.function)
+        self.domain << 16
+            | u32::from(self.bus) << 8
+            | u32::from(self.device) << 3
+            | u32::from(self.function)
     }
 
     /// The inverse of `to_abi`.

@@ -69,7 +69,12 @@ fn main() -> ExitCode {
         Command::Overflow { bdf, events } => overflow(&bdf, events),
         Command::Poll { bdf } => poll_check(&bdf),
         Command::JsonLines { file } => json_lines(&file),
-        Command::Aer { bdf, inject, bit, severity } => aer(&bdf, &inject, bit, &severity),
+        Command::Aer {
+            bdf,
+            inject,
+            bit,
+            severity,
+        } => aer(&bdf, &inject, bit, &severity),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -96,7 +101,9 @@ fn overflow(bdf: &str, count: u64) -> Result<(), String> {
     let bdf = parse_bdf(bdf)?;
     let capacity = PCIEIPC_EVENT_RING_CAPACITY as u64;
     if count <= capacity {
-        return Err(format!("--events must exceed the ring's {capacity} to overflow it"));
+        return Err(format!(
+            "--events must exceed the ring's {capacity} to overflow it"
+        ));
     }
     let mut reader = Device::open_with(DEFAULT_PATH, true).map_err(|e| e.to_string())?;
     let start = drain(&mut reader)?.unwrap_or(0);
@@ -123,16 +130,25 @@ fn overflow(bdf: &str, count: u64) -> Result<(), String> {
     }
     let lost = first.lost.unwrap_or(0);
     if lost != count - capacity {
-        return Err(format!("overflow says {lost} lost, expected exactly {}", count - capacity));
+        return Err(format!(
+            "overflow says {lost} lost, expected exactly {}",
+            count - capacity
+        ));
     }
     let rest = &records[1..];
     if rest.len() as u64 != capacity {
-        return Err(format!("{} events after the overflow, expected the newest {capacity}", rest.len()));
+        return Err(format!(
+            "{} events after the overflow, expected the newest {capacity}",
+            rest.len()
+        ));
     }
     for (i, event) in rest.iter().enumerate() {
         let want = start + count - capacity + i as u64;
         if event.seq != want || event.kind != EventKind::LinkRetrain {
-            return Err(format!("record {i} after the overflow: seq {} {:?}, expected seq {want} retrain", event.seq, event.kind));
+            return Err(format!(
+                "record {i} after the overflow: seq {} {:?}, expected seq {want} retrain",
+                event.seq, event.kind
+            ));
         }
     }
     println!(
@@ -147,7 +163,10 @@ fn overflow(bdf: &str, count: u64) -> Result<(), String> {
 fn readable(device: &Device, timeout_ms: u16) -> Result<bool, String> {
     let mut fds = [PollFd::new(device.as_fd(), PollFlags::POLLIN)];
     let ready = poll(&mut fds, PollTimeout::from(timeout_ms)).map_err(|e| format!("poll: {e}"))?;
-    Ok(ready == 1 && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN)))
+    Ok(ready == 1
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLIN)))
 }
 
 fn poll_check(bdf: &str) -> Result<(), String> {
@@ -159,7 +178,11 @@ fn poll_check(bdf: &str) -> Result<(), String> {
     }
     match reader.read_events(1) {
         Err(e) if e.errno() == Some(Errno::EAGAIN) => {}
-        other => return Err(format!("O_NONBLOCK read with nothing there gave {other:?}, not EAGAIN")),
+        other => {
+            return Err(format!(
+                "O_NONBLOCK read with nothing there gave {other:?}, not EAGAIN"
+            ))
+        }
     }
     let writer = Device::open(DEFAULT_PATH).map_err(|e| e.to_string())?;
     writer.retrain(bdf, None, None).map_err(|e| e.to_string())?;
@@ -176,16 +199,25 @@ fn poll_check(bdf: &str) -> Result<(), String> {
     let expected_seq = backlog.last().map_or(0, |e| e.seq + 1);
     let waiter = std::thread::spawn(move || {
         let began = Instant::now();
-        blocking.read_events(1).map(|events| (events, began.elapsed()))
+        blocking
+            .read_events(1)
+            .map(|events| (events, began.elapsed()))
     });
     std::thread::sleep(Duration::from_millis(300));
     writer.retrain(bdf, None, None).map_err(|e| e.to_string())?;
-    let (events, waited) = waiter.join().map_err(|_| "reader thread panicked")?.map_err(|e| e.to_string())?;
+    let (events, waited) = waiter
+        .join()
+        .map_err(|_| "reader thread panicked")?
+        .map_err(|e| e.to_string())?;
     if events.len() != 1 || events[0].seq != expected_seq {
-        return Err(format!("blocked reader read {events:?}, expected seq {expected_seq}"));
+        return Err(format!(
+            "blocked reader read {events:?}, expected seq {expected_seq}"
+        ));
     }
     if waited < Duration::from_millis(250) {
-        return Err(format!("blocked read returned after {waited:?}, before the event"));
+        return Err(format!(
+            "blocked read returned after {waited:?}, before the event"
+        ));
     }
     println!("poll: not readable when empty, readable after an event; EAGAIN when empty; blocked read woke after {waited:?}");
     Ok(())
@@ -195,9 +227,11 @@ fn json_lines(path: &std::path::Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut kinds = std::collections::BTreeMap::<String, usize>::new();
     for (number, line) in text.lines().enumerate() {
-        let value: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), number + 1))?;
-        let kind = value["kind"].as_str().ok_or_else(|| format!("{}:{}: no kind", path.display(), number + 1))?;
+        let value: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), number + 1))?;
+        let kind = value["kind"]
+            .as_str()
+            .ok_or_else(|| format!("{}:{}: no kind", path.display(), number + 1))?;
         *kinds.entry(kind.to_string()).or_default() += 1;
     }
     if kinds.is_empty() {
@@ -212,8 +246,16 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
     // Checks the address; events name functions the same way.
     parse_bdf(bdf_text)?;
     let (want_severity, want_channel, want_steps): (Severity, &str, &[&str]) = match severity {
-        "non_fatal" => (Severity::NonFatal, "normal", &["error_detected", "mmio_enabled", "resume"]),
-        "fatal" => (Severity::Fatal, "frozen", &["error_detected", "slot_reset", "resume"]),
+        "non_fatal" => (
+            Severity::NonFatal,
+            "normal",
+            &["error_detected", "mmio_enabled", "resume"],
+        ),
+        "fatal" => (
+            Severity::Fatal,
+            "frozen",
+            &["error_detected", "slot_reset", "resume"],
+        ),
         other => return Err(format!("--severity {other:?}: use non_fatal or fatal")),
     };
     let mut reader = Device::open_with(DEFAULT_PATH, true).map_err(|e| e.to_string())?;
@@ -231,7 +273,11 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
     let waiter = std::thread::spawn(move || {
         let device = Device::open(DEFAULT_PATH).map_err(|e| e.to_string())?;
         let counts = device.counters(index).map_err(|e| e.to_string())?;
-        Ok::<_, String>(device.wait(index, 0, counts[0], Some(wait_for)).map_err(|e| e.errno()))
+        Ok::<_, String>(
+            device
+                .wait(index, 0, counts[0], Some(wait_for))
+                .map_err(|e| e.errno()),
+        )
     });
     std::thread::sleep(Duration::from_millis(200));
     let answer = std::process::Command::new("host")
@@ -240,20 +286,28 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
         .map_err(|e| format!("running host: {e}"))?;
     let answer_text = String::from_utf8_lossy(&answer.stdout);
     if !answer.status.success() || !answer_text.contains("OK") {
-        return Err(format!("injection {inject:?} refused: {answer_text} {}", String::from_utf8_lossy(&answer.stderr)));
+        return Err(format!(
+            "injection {inject:?} refused: {answer_text} {}",
+            String::from_utf8_lossy(&answer.stderr)
+        ));
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut steps = Vec::new();
     let mut detected = None;
     while steps.last().map(String::as_str) != Some("resume") {
         if Instant::now() > deadline {
-            return Err(format!("no resume for {bdf_text} within 15 s; steps seen: {steps:?}"));
+            return Err(format!(
+                "no resume for {bdf_text} within 15 s; steps seen: {steps:?}"
+            ));
         }
         if !readable(&reader, 200)? {
             continue;
         }
         let events = reader.read_events(64).map_err(|e| e.to_string())?;
-        for event in events.into_iter().filter(|e| e.kind == EventKind::Aer && e.bdf == bdf_text) {
+        for event in events
+            .into_iter()
+            .filter(|e| e.kind == EventKind::Aer && e.bdf == bdf_text)
+        {
             let step = event.aer_step.unwrap_or("?").to_string();
             if step == "error_detected" {
                 detected = Some(event.clone());
@@ -266,18 +320,32 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
     }
     let detected = detected.ok_or("no error_detected event")?;
     if detected.channel_state != Some(want_channel) {
-        return Err(format!("error_detected channel {:?}, expected {want_channel}", detected.channel_state));
+        return Err(format!(
+            "error_detected channel {:?}, expected {want_channel}",
+            detected.channel_state
+        ));
     }
     let error = detected
         .errors
         .iter()
         .find(|e| e.bit == bit && e.severity != Severity::Correctable)
-        .ok_or_else(|| format!("error_detected names no uncorrectable bit {bit}: {:?}", detected.errors))?;
+        .ok_or_else(|| {
+            format!(
+                "error_detected names no uncorrectable bit {bit}: {:?}",
+                detected.errors
+            )
+        })?;
     if detected.first_error != Some(bit) {
-        return Err(format!("the First Error Pointer says {:?}, expected bit {bit}", detected.first_error));
+        return Err(format!(
+            "the First Error Pointer says {:?}, expected bit {bit}",
+            detected.first_error
+        ));
     }
     if error.severity != want_severity {
-        return Err(format!("bit {bit} ({}) decoded as {:?}, expected {want_severity:?}", error.short, error.severity));
+        return Err(format!(
+            "bit {bit} ({}) decoded as {:?}, expected {want_severity:?}",
+            error.short, error.severity
+        ));
     }
     let waited = waiter.join().map_err(|_| "waiter panicked")??;
     if waited != Err(Some(Errno::EIO)) {
@@ -306,5 +374,7 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
 
 /// `PCIEIPC_BDF` of "0000:01:00.0" (or lspci's "01:00.0").
 fn parse_bdf(text: &str) -> Result<u32, String> {
-    text.parse::<Bdf>().map(Bdf::to_abi).map_err(|e| e.to_string())
+    text.parse::<Bdf>()
+        .map(Bdf::to_abi)
+        .map_err(|e| e.to_string())
 }
