@@ -17,6 +17,13 @@
 #        RELAY=1 scripts/bench-vs-mpi.sh    also runs pcieipc with --single-copy off (the
 #                                           ring and its relay slots only), alternating with
 #                                           the others, and prints it as a second table
+#        BASELINE=path/to/pcieipc scripts/bench-vs-mpi.sh
+#                                           also runs that other pcieipc binary (an earlier
+#                                           commit's build) through the same latency and busbw
+#                                           sweeps and the late-peer wait, alternating with the
+#                                           others, and prints it beside this tree's pcieipc:
+#                                           a before/after from one run, with the same noise
+#        MIN_BYTES=65536 MAX_BYTES=268435456 the busbw sweep's range (a short trial run)
 # Needs: cargo, mpicc, mpirun (apt-get install openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +33,17 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 LATE_MS=${LATE_MS:-500}
 RELAY=${RELAY:-0}
-MIN_BYTES=65536
-MAX_BYTES=268435456
+BASELINE=${BASELINE:-}
+MIN_BYTES=${MIN_BYTES:-65536}
+MAX_BYTES=${MAX_BYTES:-268435456}
 
 for tool in cargo mpicc mpirun python3; do
     command -v "$tool" >/dev/null || { echo "bench-vs-mpi: $tool is missing (see the header)" >&2; exit 1; }
 done
+if [ -n "$BASELINE" ] && [ ! -x "$BASELINE" ]; then
+    echo "bench-vs-mpi: BASELINE=$BASELINE is not an executable pcieipc binary" >&2
+    exit 1
+fi
 
 cargo build --release -q -p pcieipc-cli
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
@@ -51,25 +63,37 @@ trap 'rm -rf "$work"' EXIT
 
 echo "# host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
+[ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version)"
 
+# The baseline runs right after this tree's pcieipc in every round, with the
+# same flags, so that both meet the same stretch of the host's noise.
 for run in $(seq "$REPEAT"); do
     "$pcieipc" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --json >"$work/pcieipc-8-$run.json"
+    if [ -n "$BASELINE" ]; then
+        "$BASELINE" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --json >"$work/baseline-8-$run.json"
+    fi
     mpi 8 8 2 10000 100 >"$work/mpi-8-$run.txt"
-    "$pcieipc" bench -b $MIN_BYTES -e $MAX_BYTES -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
+    "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
         >"$work/pcieipc-$run.json"
-    mpi $MIN_BYTES $MAX_BYTES 2 "$ITERS" "$WARMUP" >"$work/mpi-$run.txt"
+    if [ -n "$BASELINE" ]; then
+        "$BASELINE" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
+            >"$work/baseline-$run.json"
+    fi
+    mpi "$MIN_BYTES" "$MAX_BYTES" 2 "$ITERS" "$WARMUP" >"$work/mpi-$run.txt"
     if [ "$RELAY" = 1 ]; then
         "$pcieipc" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --single-copy off --json \
             >"$work/relay-8-$run.json"
-        "$pcieipc" bench -b $MIN_BYTES -e $MAX_BYTES -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 \
+        "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 \
             --single-copy off --json >"$work/relay-$run.json"
     fi
 done
 
-python3 - "$work" "$REPEAT" "$RELAY" <<'EOF'
+python3 - "$work" "$REPEAT" "$RELAY" "$BASELINE" <<'EOF'
 import json, statistics, sys
-work, repeat, relay = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-paths = set()
+work, repeat, relay, baseline = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] != ""
+# The paths each binary's reports name, apart: a baseline that took another
+# path (algorithm) at some size is part of what a before/after shows.
+paths = {"pcieipc": set(), "baseline": set()}
 
 try:
     import jsonschema
@@ -79,15 +103,15 @@ except ImportError:
     print("# bench JSON not validated against docs/schemas/bench-v1.schema.json: python3-jsonschema missing")
 
 # Per size, the runs' (oop time, oop busbw, ip time, ip busbw).
-def pcieipc(name):
+def pcieipc(name, binary="pcieipc"):
     runs = {}
     for run in range(1, repeat + 1):
         report = json.load(open(f"{work}/{name}-{run}.json"))
         if jsonschema:
             jsonschema.validate(report, schema)
-        paths.add(report.get("path", report["transport"]))
+        paths[binary].add(report.get("path", report["transport"]))
         if report["wrong"]:
-            sys.exit(f"pcieipc bench reported {report['wrong']} wrong values")
+            sys.exit(f"{binary} bench reported {report['wrong']} wrong values")
         for row in report["results"]:
             oop, ip = row["out_of_place"], row["in_place"]
             runs.setdefault(row["size_bytes"], []).append(
@@ -111,9 +135,13 @@ def median(runs, at):
 def best(runs, at):
     return (min if at in (0, 2) else max)(run[at] for run in runs)
 
-def table(ours, theirs, title):
+# Columns as wide as their labels (pcieipc, MPI or baseline), so that a table
+# without the baseline reads as it always has.
+def table(ours, theirs, title, labels=("pcieipc", "MPI")):
+    w_ours, w_theirs = len(labels[0]) + 6, len(labels[1]) + 6
     print(f"\n# {title}")
-    print(f"#       size   pcieipc oop   MPI oop  ratio   pcieipc ip    MPI ip  ratio   | best: oop ratio  ip ratio")
+    print(f"#{'size':>11} {labels[0] + ' oop':>{w_ours}} {labels[1] + ' oop':>{w_theirs}} {'ratio':>6} "
+          f"{labels[0] + ' ip':>{w_ours - 1}} {labels[1] + ' ip':>{w_theirs}} {'ratio':>6}   | best: oop ratio  ip ratio")
     worst = worst_best = None
     for size in sorted(ours):
         o, m = ours[size], theirs.get(size)
@@ -123,20 +151,34 @@ def table(ours, theirs, title):
         b_oop, b_ip = best(o, 1) / best(m, 1), best(o, 3) / best(m, 3)
         worst = min(worst or r_oop, r_oop, r_ip)
         worst_best = min(worst_best or b_oop, b_oop, b_ip)
-        print(f"{size:>12} {median(o, 1):>13.2f} {median(m, 1):>9.2f} {r_oop:>6.2f} "
-              f"{median(o, 3):>12.2f} {median(m, 3):>9.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}")
+        print(f"{size:>12} {median(o, 1):>{w_ours}.2f} {median(m, 1):>{w_theirs}.2f} {r_oop:>6.2f} "
+              f"{median(o, 3):>{w_ours - 1}.2f} {median(m, 3):>{w_theirs}.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}")
     print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
 
 ours8, theirs8 = pcieipc("pcieipc-8"), mpi("mpi-8")
-print(f"\n# pcieipc: {'; '.join(sorted(paths))}")
+if baseline:
+    base8 = pcieipc("baseline-8", "baseline")
+print(f"\n# pcieipc: {'; '.join(sorted(paths['pcieipc']))}")
+if baseline:
+    print(f"# baseline: {'; '.join(sorted(paths['baseline']))}")
 print(f"\n# 8-byte all_reduce latency (us), median (best) of {repeat} runs of 10000")
-print(f"#            pcieipc oop        MPI oop     pcieipc ip         MPI ip")
+header = "#            pcieipc oop        MPI oop     pcieipc ip         MPI ip"
 columns = [(ours8, 0), (theirs8, 0), (ours8, 2), (theirs8, 2)]
+if baseline:
+    header += "     baseline oop     baseline ip"
+    columns += [(base8, 0), (base8, 2)]
+print(header)
 print(f"{'8 B':>12} " + "  ".join(f"{median(runs[8], at):>7.2f} ({best(runs[8], at):.2f})" for runs, at in columns))
 
 theirs = mpi("mpi")
-table(pcieipc("pcieipc"), theirs,
+ours = pcieipc("pcieipc")
+table(ours, theirs,
       f"busbw (GB/s), float sum, 2 ranks, median of {repeat} alternating runs; ratio = pcieipc / MPI")
+if baseline:
+    base = pcieipc("baseline", "baseline")
+    table(base, theirs, "the baseline's busbw, same runs; ratio = baseline / MPI", ("baseline", "MPI"))
+    table(ours, base, "this tree's pcieipc against the baseline, same runs; ratio = pcieipc / baseline "
+          "(below 1: slower than before)", ("pcieipc", "baseline"))
 if relay:
     relay8 = pcieipc("relay-8")
     print(f"\n# pcieipc --single-copy off, 8 B (us): {median(relay8[8], 0):.2f} / {median(relay8[8], 2):.2f}")
@@ -149,3 +191,7 @@ echo "# CPU time of rank 0 while its peer is ${LATE_MS} ms late (8-byte all_redu
 "$pcieipc" bench --nranks 2 --late-peer-ms "$LATE_MS"
 "$pcieipc" bench --nranks 2 --late-peer-ms "$LATE_MS" --spin-us $((LATE_MS * 2000))
 mpi --late-peer-ms "$LATE_MS"
+if [ -n "$BASELINE" ]; then
+    echo "# baseline, as configured:"
+    "$BASELINE" bench --nranks 2 --late-peer-ms "$LATE_MS"
+fi
