@@ -125,9 +125,9 @@ PY
 }
 
 self_test() {
-    local dir
+    # Global and removed on EXIT: a failing check exits from inside this function.
     dir="$(mktemp -d)"
-    trap 'rm -rf "$dir"' RETURN
+    trap 'rm -rf "$dir"' EXIT
     mkdir "$dir/good" "$dir/cycle" "$dir/raw"
     # A root, a wrapper with raw calls, a logic file over it.
     printf 'mod a;\nmod capability;\nfn f() { a::g(); }\n' >"$dir/good/main.rs"

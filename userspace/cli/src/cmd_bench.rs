@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerRead, PeerToPeer};
 use pcieipc::engine::{
     bf16, f16, transport, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element,
-    LinkFacts, ReduceOp, TransportOptions,
+    JobSecret, LinkFacts, ReduceOp, TransportOptions, SECRET_ENV,
 };
 use pcieipc::probe::{Bdf, HealthModel, Topology};
 use serde_json::json;
@@ -208,12 +208,15 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
     let rendezvous = format!("bench-{}", std::process::id());
+    // Only the ranks started here hold it: nobody else can join the job.
+    let secret = JobSecret::generate().context("making the job's secret")?;
     let passed: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let mut children = Vec::with_capacity(args.nranks);
     for rank in 0..args.nranks {
         let child = Command::new(&exe)
             .args(&passed)
             .args(["--rank", &rank.to_string(), "--rendezvous", &rendezvous])
+            .env(SECRET_ENV, secret.to_hex())
             .spawn()
             .with_context(|| format!("starting rank {rank}"))?;
         children.push((rank, child));
@@ -233,10 +236,13 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     Ok(exit)
 }
 
-fn options(args: &Args, rank: usize) -> CommOptions {
+/// A rank's options; the job's secret comes from the launcher
+/// (`PCIEIPC_JOB_SECRET`).
+fn options(args: &Args, rank: usize) -> anyhow::Result<CommOptions> {
     let defaults = CommOptions::default();
+    let secret = JobSecret::from_env().context("reading the job's secret")?;
     let cpus = std::thread::available_parallelism().map_or(1, |cpus| cpus.get());
-    CommOptions {
+    Ok(CommOptions {
         // Like mpirun, bind only while every rank gets a core of its own: a
         // bound rank polls without yielding, which ranks sharing a core must not.
         bind_cpu: (args.bind_to == "core" && args.nranks <= cpus).then_some(rank),
@@ -252,8 +258,9 @@ fn options(args: &Args, rank: usize) -> CommOptions {
         one_shot_read_budget: args.one_shot_bytes.unwrap_or(defaults.one_shot_read_budget),
         spin: args.spin_us.map_or(defaults.spin, Duration::from_micros),
         single_copy: args.single_copy == "auto",
+        secret,
         ..defaults
-    }
+    })
 }
 
 /// The link `--link-of` gives `rank`, as the probe sees it.
@@ -298,7 +305,7 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
         BenchTransport::Host(_) => {
             let options = CommOptions {
                 link: link_of(args, rank)?,
-                ..options(args, rank)
+                ..options(args, rank)?
             };
             let comm =
                 Communicator::init(rendezvous, rank, args.nranks, options).with_context(joining)?;
@@ -326,7 +333,7 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                 args.nranks,
                 gpu,
                 CudaOptions {
-                    control: options(args, rank),
+                    control: options(args, rank)?,
                     chunk_bytes: args.chunk_bytes.unwrap_or(defaults.chunk_bytes),
                     one_shot_read_budget: args
                         .one_shot_bytes

@@ -75,6 +75,12 @@ pub enum EngineError {
     )]
     HostFailed { name: String },
 
+    #[error(
+        "rendezvous {name:?}: rank 0 refused this rank's job secret (the launcher must hand \
+         every rank the same PCIEIPC_JOB_SECRET)"
+    )]
+    WrongSecret { name: String },
+
     #[error("rank {rank} joined twice (a second process claims the same rank)")]
     DuplicateRank { rank: usize },
 
@@ -83,6 +89,22 @@ pub enum EngineError {
         rank: usize,
         its_nranks: usize,
         nranks: usize,
+    },
+
+    #[error("window sizes out of range: {reason}")]
+    BadWindowSizes { reason: String },
+
+    #[error(
+        "rendezvous {name:?} is held by a process of uid {uid} (pid {pid}), not by this \
+         user's rank 0: refusing to join"
+    )]
+    RendezvousForeign { name: String, uid: u32, pid: i32 },
+
+    #[error("rank {rank}: rank {peer} published {what}")]
+    PeerCorrupt {
+        rank: usize,
+        peer: usize,
+        what: super::failure::Corruption,
     },
 
     #[error("shared segment of {bytes} bytes: {context}: {source}")]

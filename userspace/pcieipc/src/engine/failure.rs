@@ -35,6 +35,34 @@ pub enum Failure {
         owner: usize,
         errno: i32,
     },
+    /// Rank `rank` found something impossible in what `peer` published.
+    PeerCorrupt {
+        rank: usize,
+        peer: usize,
+        what: Corruption,
+    },
+}
+
+/// What a peer published that no honest rank would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Corruption {
+    /// A chunk size of zero or larger than the slots hold.
+    ChunkSize = 1,
+}
+
+impl Corruption {
+    fn from_wire(code: u64) -> Option<Corruption> {
+        (code == Corruption::ChunkSize as u64).then_some(Corruption::ChunkSize)
+    }
+}
+
+impl std::fmt::Display for Corruption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Corruption::ChunkSize => "a chunk size its slots cannot hold",
+        })
+    }
 }
 
 /// Words in the shared abort record.
@@ -66,6 +94,9 @@ impl Failure {
             Failure::PeerMemoryUnreadable { rank, owner, errno } => {
                 words[..4].copy_from_slice(&[5, rank as u64, owner as u64, errno as u64]);
             }
+            Failure::PeerCorrupt { rank, peer, what } => {
+                words[..4].copy_from_slice(&[6, rank as u64, peer as u64, what as u64]);
+            }
         }
         words
     }
@@ -96,6 +127,11 @@ impl Failure {
                 owner: words[2] as usize,
                 errno: words[3] as i32,
             },
+            6 => Failure::PeerCorrupt {
+                rank: words[1] as usize,
+                peer: words[2] as usize,
+                what: Corruption::from_wire(words[3])?,
+            },
             _ => return None,
         })
     }
@@ -122,6 +158,9 @@ impl From<Failure> for EngineError {
             },
             Failure::PeerMemoryUnreadable { rank, owner, errno } => {
                 EngineError::PeerMemoryUnreadable { rank, owner, errno }
+            }
+            Failure::PeerCorrupt { rank, peer, what } => {
+                EngineError::PeerCorrupt { rank, peer, what }
             }
         }
     }
@@ -160,6 +199,11 @@ mod tests {
                 rank: 0,
                 owner: 1,
                 errno: libc::EFAULT,
+            },
+            Failure::PeerCorrupt {
+                rank: 1,
+                peer: 0,
+                what: Corruption::ChunkSize,
             },
         ];
         for failure in failures {

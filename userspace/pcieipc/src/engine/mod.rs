@@ -26,9 +26,9 @@ pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, HOST_MEMORY_STEPS};
 pub use comm::{CallDescriptor, CallKind, CommOptions, Communicator};
 pub use dtype::{bf16, f16, DType, Element, ReduceOp, UnknownDType, UnknownReduceOp};
 pub use error::EngineError;
-pub use failure::Failure;
+pub use failure::{Corruption, Failure};
 pub use schedule::{Algorithm, AlgorithmChoice, UnknownAlgorithm};
 pub use transport::{
-    Capabilities, PcieipcError, PcieipcOptions, ShmOptions, TransportOptions, UnknownTransport,
-    AER_MEMORY, SEGMENT_NAME, TRANSPORTS,
+    BadSecret, Capabilities, JobSecret, PcieipcError, PcieipcOptions, ShmOptions, TransportOptions,
+    UnknownTransport, AER_MEMORY, SECRET_ENV, SEGMENT_NAME, TRANSPORTS,
 };

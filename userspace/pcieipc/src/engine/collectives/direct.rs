@@ -49,8 +49,8 @@ impl Communicator {
         let mut peer_buffers = vec![[0u64; 2]; n];
         for peer in schedule.peers(r) {
             self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
-            let published = self.peer_one_shot_window::<u64>(peer, parity, 2, true)?;
-            peer_buffers[peer].copy_from_slice(&published);
+            self.check_one_shot_stamp(peer, parity)?;
+            peer_buffers[peer].copy_from_slice(&self.one_shot_data::<u64>(peer, parity, 2));
         }
         let element = std::mem::size_of::<T>();
 

@@ -3,6 +3,8 @@
 //! shared memory by pointer or names a transport; what a transport can do
 //! reaches the algorithms as `Communicator::single_copy`.
 
+#![forbid(unsafe_code)]
+
 mod broadcast;
 mod direct;
 mod one_shot;

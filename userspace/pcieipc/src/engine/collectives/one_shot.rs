@@ -29,18 +29,16 @@ impl Communicator {
             for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
                 self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
                 if round == 0 {
-                    self.peer_one_shot_window::<T>(peer, parity, 0, true)?;
+                    self.check_one_shot_stamp(peer, parity)?;
                 }
             }
             // Each owner posted this round; nobody writes its window again
             // until every rank has posted the next round.
-            let data = (0..self.nranks)
-                .map(|owner| self.peer_one_shot_window::<T>(owner, parity, range.len(), false))
-                .collect::<Result<Vec<_>, EngineError>>()?;
-            let output = &mut buffers.output()[range];
-            combine(op, output, &data[1], Some(&data[0]));
-            for owner_data in &data[2..] {
-                combine(op, output, owner_data, None);
+            let data = |owner: usize| self.one_shot_data::<T>(owner, parity, range.len());
+            let output = &mut buffers.output()[range.clone()];
+            combine(op, output, &data(1), Some(&data(0)));
+            for owner in 2..self.nranks {
+                combine(op, output, &data(owner), None);
             }
             if op == ReduceOp::Avg {
                 finish_avg(output, self.nranks);

@@ -10,7 +10,7 @@ use super::slots::MESSAGE_HEADER_BYTES;
 use super::Communicator;
 use crate::engine::dtype::{DType, ReduceOp};
 use crate::engine::error::EngineError;
-use crate::engine::failure::Failure;
+use crate::engine::failure::{Corruption, Failure};
 use crate::engine::schedule::Algorithm;
 use crate::engine::transport::Signal;
 
@@ -134,7 +134,7 @@ impl Communicator {
     ) -> Result<u32, EngineError> {
         self.wait_for(0, 0, Signal::CallsPublished, (self.calls + 1) as u32)?;
         match self.transport.published_call(0, self.calls) {
-            Some(decided) if decided.same_call(&call) => Ok(decided.chunk_bytes),
+            Some(decided) if decided.same_call(&call) => self.check_chunk(0, decided.chunk_bytes),
             Some(peer_call) => Err(self.abort_mismatch(call, 0, peer_call)),
             // Rank 0 already runs a later call, which only a call that needs
             // nothing from this rank lets it do (a broadcast from rank 0): the
@@ -142,6 +142,23 @@ impl Communicator {
             // reports. Until then any chunk does.
             None => Ok(self.decide_chunk(message_bytes, call.dtype.size_bytes())),
         }
+    }
+
+    /// `chunk_bytes` as `peer` decided it, if a slot holds such a chunk;
+    /// otherwise the peer's shared memory was written by no honest rank.
+    pub(crate) fn check_chunk(&self, peer: usize, chunk_bytes: u32) -> Result<u32, EngineError> {
+        let capacity = self.transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
+        if chunk_bytes != 0 && chunk_bytes as usize <= capacity {
+            return Ok(chunk_bytes);
+        }
+        Err(self
+            .transport
+            .abort(Failure::PeerCorrupt {
+                rank: self.rank,
+                peer,
+                what: Corruption::ChunkSize,
+            })
+            .into())
     }
 
     /// Compares `peer`'s published descriptor of the current call with ours.

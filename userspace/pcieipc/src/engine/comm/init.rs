@@ -57,6 +57,7 @@ impl Communicator {
                 one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
             },
             join_timeout: options.join_timeout,
+            secret: options.secret,
         };
         let transport = options.transport.open(&setup)?;
         let link = transport.device_link().or(options.link);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::engine::chunk::{ChunkPolicy, LinkFacts};
 use crate::engine::schedule::AlgorithmChoice;
-use crate::engine::transport::TransportOptions;
+use crate::engine::transport::{JobSecret, TransportOptions};
 
 /// Everything a rank chooses when it joins. Rank 0's window sizes (chunk
 /// policy's largest chunk, `in_flight`, `one_shot_read_budget`) are the ones the
@@ -14,6 +14,11 @@ pub struct CommOptions {
     /// The transport and its own options (the registry's names parse into
     /// it: `"pcieipc".parse()`).
     pub transport: TransportOptions,
+    /// The job's secret: the launcher makes one (`JobSecret::generate`) and
+    /// hands it to every rank (`PCIEIPC_JOB_SECRET`: `JobSecret::from_env`);
+    /// the rendezvous admits only ranks that present it. `None`: ranks are
+    /// still only this user's processes.
+    pub secret: Option<JobSecret>,
     /// How long the rendezvous waits for every rank.
     pub join_timeout: Duration,
     /// How long a rank waits on one peer inside a collective before it names
@@ -64,6 +69,7 @@ impl Default for CommOptions {
     fn default() -> CommOptions {
         CommOptions {
             transport: TransportOptions::default(),
+            secret: None,
             join_timeout: Duration::from_secs(30),
             peer_timeout: Duration::from_secs(60),
             spin: Duration::from_micros(50),

@@ -60,6 +60,9 @@ impl Communicator {
             everyone &= self.transport.load(peer, Signal::Probed) == 2
                 && self.transport.probe(peer).1 == messages;
         }
+        if !everyone {
+            self.transport.end_peer_reads();
+        }
         Ok(everyone)
     }
 

@@ -219,6 +219,7 @@ impl Communicator {
         let predecessor = self.predecessor();
         let window = self.next_from_predecessor(stream)?;
         let chunk_bytes = self.read_stamp(predecessor, window)?;
+        let chunk_bytes = self.check_chunk(predecessor, chunk_bytes)?;
         self.predecessor_checked = true;
         self.adopt_chunk_bytes(chunk_bytes);
         Ok(chunk_bytes)
@@ -246,22 +247,28 @@ impl Communicator {
         }
     }
 
+    /// Checks the stamp on `peer`'s one-shot window of `parity`, once it
+    /// has posted the round.
+    pub(crate) fn check_one_shot_stamp(
+        &self,
+        peer: usize,
+        parity: usize,
+    ) -> Result<(), EngineError> {
+        self.read_stamp(peer, Window::OneShot { parity })
+            .map(|_| ())
+    }
+
     /// `owner`'s one-shot window of `parity` as `len` elements, once it has
-    /// posted the round; with `check`, its stamp is checked first.
-    pub(crate) fn peer_one_shot_window<T: Copy>(
+    /// posted the round (this rank's own included).
+    pub(crate) fn one_shot_data<T: Copy>(
         &self,
         owner: usize,
         parity: usize,
         len: usize,
-        check: bool,
-    ) -> Result<Incoming<T>, EngineError> {
-        let window = Window::OneShot { parity };
-        if check {
-            self.read_stamp(owner, window)?;
-        }
-        Ok(Incoming {
-            data: data_of(self.transport.window(owner, window)),
+    ) -> Incoming<T> {
+        Incoming {
+            data: data_of(self.transport.window(owner, Window::OneShot { parity })),
             len,
-        })
+        }
     }
 }

@@ -5,6 +5,8 @@
 //! algorithm from the message size, the rank count and what the transport
 //! can do.
 
+#![forbid(unsafe_code)]
+
 mod algorithm;
 mod broadcast;
 mod direct;

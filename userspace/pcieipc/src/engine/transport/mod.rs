@@ -29,6 +29,7 @@ pub use registry::{
     describe_all, Registered, Setup, TransportConfig, TransportOptions, UnknownTransport,
     TRANSPORTS,
 };
+pub use rendezvous::{BadSecret, JobSecret, SECRET_ENV};
 pub use shm::{ShmOptions, SEGMENT_NAME};
 
 /// What a transport lets the engine do beyond windows and counters.
@@ -164,6 +165,10 @@ pub trait Transport: Send {
     fn read_peer(&self, _owner: usize, _address: u64, _into: &mut [u8]) -> std::io::Result<()> {
         Err(std::io::ErrorKind::Unsupported.into())
     }
+
+    /// Withdraws what `publish_probe` allowed (the ranks did not agree on
+    /// peer reads); dropping the transport does the same.
+    fn end_peer_reads(&self) {}
 
     /// The link under this rank's device as the transport sees it at init,
     /// where it follows one (`capabilities().link_events`).

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::rendezvous::JobSecret;
 use super::{pcieipc, shm, Capabilities, Transport, WindowSizes};
 use crate::engine::error::EngineError;
 
@@ -21,6 +22,8 @@ pub struct Setup<'a> {
     pub sizes: WindowSizes,
     /// How long the rendezvous waits for every rank.
     pub join_timeout: Duration,
+    /// The job's secret, which every rank must present.
+    pub secret: Option<JobSecret>,
 }
 
 /// One transport's own options, and how to open it with them.

@@ -36,6 +36,9 @@ pub enum PcieipcError {
         nranks: usize,
     },
 
+    #[error("window sizes out of range: {0}")]
+    WindowSizes(String),
+
     #[error(
         "device {device}: its BAR2 is not the region rank 0 set up for this job (the ranks' \
          devices belong to different ivshmem regions, or another job took the region)"

@@ -80,6 +80,7 @@ impl PcieipcTransport {
             join_timeout,
             ..
         } = *setup;
+        let secret = setup.secret.as_ref();
         let requested = page_aligned(setup.sizes);
         let fail = |error: PcieipcError| error.on_rank(rank);
         let open = || Device::open(DEFAULT_PATH).map_err(|source| fail(source.into()));
@@ -87,7 +88,7 @@ impl PcieipcTransport {
             // The rendezvous also creates the shm segment, sparse and never
             // mapped: this transport does not use it.
             let (joined, unattached) =
-                rendezvous::host(name, nranks, requested, join_timeout, || {
+                rendezvous::host(name, secret, nranks, requested, join_timeout, || {
                     let unattached =
                         Self::map(open()?, rank, nranks, requested, chosen).map_err(fail)?;
                     unattached.initialise(job_tag(name, std::process::id()));
@@ -97,7 +98,7 @@ impl PcieipcTransport {
             unattached.watch(joined.pids)
         } else {
             let device = open()?;
-            let joined = rendezvous::join(name, rank, nranks, join_timeout)?;
+            let joined = rendezvous::join(name, secret, rank, nranks, join_timeout)?;
             let unattached = Self::map(device, rank, nranks, joined.sizes, chosen).map_err(fail)?;
             if unattached.segment.global().job_tag.load(Ordering::Acquire)
                 != job_tag(name, joined.pids[0])
@@ -123,7 +124,7 @@ impl PcieipcTransport {
         chosen: Option<u32>,
     ) -> Result<PcieipcTransport, PcieipcError> {
         let mine = select_device(&device, rank, chosen)?;
-        let layout = Layout::new(nranks, sizes);
+        let layout = Layout::new(nranks, sizes).map_err(PcieipcError::WindowSizes)?;
         let bar_bytes = mine
             .bars
             .iter()

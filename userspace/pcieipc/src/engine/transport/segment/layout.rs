@@ -90,14 +90,49 @@ pub(crate) fn round_up(bytes: usize, to: usize) -> usize {
     bytes.div_ceil(to) * to
 }
 
+/// Bounds on the window sizes a rank accepts, its own or rank 0's (from
+/// the welcome): far above any real use, and low enough that no layout
+/// arithmetic can overflow.
+const MAX_RANKS: usize = 1 << 12;
+const MAX_WINDOW_BYTES: usize = 1 << 30;
+const MAX_SLOTS: usize = 1 << 16;
+const MAX_SEGMENT_BYTES: usize = 1 << 40;
+
 impl Layout {
-    pub(crate) fn new(nranks: usize, sizes: WindowSizes) -> Layout {
+    /// The layout of `nranks` ranks' windows of `sizes`, or why no segment
+    /// can have them: every size page aligned and within the bounds above,
+    /// at least one slot of each stream, all arithmetic checked.
+    pub(crate) fn new(nranks: usize, sizes: WindowSizes) -> Result<Layout, String> {
+        if !(1..=MAX_RANKS).contains(&nranks) {
+            return Err(format!("{nranks} ranks (1 to {MAX_RANKS})"));
+        }
+        for (what, bytes) in [
+            ("slot", sizes.slot_bytes),
+            ("one-shot window", sizes.one_shot_bytes),
+        ] {
+            if !(PAGE..=MAX_WINDOW_BYTES).contains(&bytes) || bytes % PAGE != 0 {
+                return Err(format!(
+                    "{what} of {bytes} bytes (a multiple of {PAGE} up to {MAX_WINDOW_BYTES})"
+                ));
+            }
+        }
+        for (what, slots) in [("raw", sizes.raw_slots), ("relay", sizes.relay_slots)] {
+            if !(1..=MAX_SLOTS).contains(&slots) {
+                return Err(format!("{slots} {what} slots (1 to {MAX_SLOTS})"));
+            }
+        }
+        let overflow = || format!("the windows of {nranks} ranks exceed {MAX_SEGMENT_BYTES} bytes");
         let controls = round_up(std::mem::size_of::<GlobalControl>(), PAGE);
         let windows = controls + round_up(nranks * std::mem::size_of::<RankControl>(), PAGE);
         let relay = sizes.raw_slots * sizes.slot_bytes;
         let one_shot = relay + sizes.relay_slots * sizes.slot_bytes;
         let per_rank_windows = round_up(one_shot + 2 * sizes.one_shot_bytes, PAGE);
-        Layout {
+        let total = nranks
+            .checked_mul(per_rank_windows)
+            .and_then(|all| all.checked_add(windows))
+            .filter(|total| *total <= MAX_SEGMENT_BYTES)
+            .ok_or_else(overflow)?;
+        Ok(Layout {
             nranks,
             sizes,
             controls,
@@ -105,8 +140,8 @@ impl Layout {
             per_rank_windows,
             relay,
             one_shot,
-            total: windows + nranks * per_rank_windows,
-        }
+            total,
+        })
     }
 }
 
@@ -122,10 +157,81 @@ mod tests {
             relay_slots: 25,
             one_shot_bytes: 8192,
         };
-        let layout = Layout::new(4, sizes);
+        let layout = Layout::new(4, sizes).unwrap();
         assert_eq!(layout.controls, PAGE);
         assert!(layout.controls + 4 * std::mem::size_of::<RankControl>() <= layout.windows);
         assert_eq!(layout.per_rank_windows, (5 + 25 + 2) * 8192);
         assert_eq!(layout.total, layout.windows + 4 * (5 + 25 + 2) * 8192);
+    }
+
+    #[test]
+    fn sizes_out_of_bounds_are_refused_not_wrapped() {
+        let good = WindowSizes {
+            slot_bytes: PAGE,
+            raw_slots: 1,
+            relay_slots: 1,
+            one_shot_bytes: PAGE,
+        };
+        assert!(Layout::new(2, good).is_ok());
+        let bad = [
+            (0, good),
+            (MAX_RANKS + 1, good),
+            (
+                2,
+                WindowSizes {
+                    raw_slots: 0,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    relay_slots: usize::MAX,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    slot_bytes: 0,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    slot_bytes: PAGE + 1,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    slot_bytes: usize::MAX - PAGE + 1,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    one_shot_bytes: 2 * MAX_WINDOW_BYTES,
+                    ..good
+                },
+            ),
+            (
+                MAX_RANKS,
+                WindowSizes {
+                    slot_bytes: MAX_WINDOW_BYTES,
+                    raw_slots: MAX_SLOTS,
+                    ..good
+                },
+            ),
+        ];
+        for (nranks, sizes) in bad {
+            assert!(
+                Layout::new(nranks, sizes).is_err(),
+                "{nranks} ranks, {sizes:?}"
+            );
+        }
     }
 }

@@ -58,10 +58,13 @@ pub(crate) trait Signalling: Sized + Send {
     fn wake_all(transport: &SegmentTransport<Self>);
 
     /// Lets peers read this process's memory, where the transport has
-    /// `peer_reads`; false where they may not.
-    fn allow_peer_reads() -> bool {
+    /// `peer_reads`, until `end_peer_reads` or drop; false where they may not.
+    fn allow_peer_reads(&self) -> bool {
         false
     }
+
+    /// `Transport::end_peer_reads`.
+    fn end_peer_reads(&self) {}
 
     /// `Transport::read_peer`, for `owner`'s process `pid`.
     fn read_peer(_pid: u32, _address: u64, _into: &mut [u8]) -> std::io::Result<()> {
@@ -202,7 +205,7 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
     }
 
     fn publish_probe(&self, messages: [u64; 4]) -> bool {
-        if !S::CAPABILITIES.peer_reads || !S::allow_peer_reads() {
+        if !S::CAPABILITIES.peer_reads || !self.signalling.allow_peer_reads() {
             return false;
         }
         let status = &self.segment.control(self.rank).status;
@@ -225,6 +228,10 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
 
     fn read_peer(&self, owner: usize, address: u64, into: &mut [u8]) -> std::io::Result<()> {
         S::read_peer(self.peers.pid(owner), address, into)
+    }
+
+    fn end_peer_reads(&self) {
+        self.signalling.end_peer_reads();
     }
 
     fn device_link(&self) -> Option<LinkFacts> {

@@ -90,9 +90,10 @@ impl Segment {
     }
 
     pub(crate) fn blocked_on(&self, rank: usize) -> Option<usize> {
+        // A peer writes this word: a value no rank has is read as "running".
         match self.control(rank).status.blocked_on.load(Ordering::Acquire) {
             0 => None,
-            encoded => Some(encoded as usize - 1),
+            encoded => Some(encoded as usize - 1).filter(|peer| *peer < self.layout.nranks),
         }
     }
 
@@ -177,5 +178,70 @@ impl Segment {
         }
         let words = std::array::from_fn(|at| global.abort_words[at].load(Ordering::Relaxed));
         Failure::from_words(words)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::chunk::{ChunkPolicy, LinkFacts};
+    use crate::engine::transport::{WindowSizes, SIGNALS};
+
+    /// 10,000 control areas of random words, as a hostile peer may leave
+    /// them: every accessor a rank reads a peer's state through returns a
+    /// value in range or nothing, never panics.
+    #[test]
+    fn random_control_blocks_read_as_values_in_range() {
+        let nranks = 3;
+        let sizes = WindowSizes {
+            slot_bytes: 4096,
+            raw_slots: 1,
+            relay_slots: 1,
+            one_shot_bytes: 4096,
+        };
+        let layout = Layout::new(nranks, sizes).unwrap();
+        let allocation = std::alloc::Layout::from_size_align(layout.total, 4096).unwrap();
+        // SAFETY: a non-zero size and a valid alignment.
+        let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(allocation) }).unwrap();
+        // SAFETY: page aligned, `layout.total` bytes, freed only after the
+        // last use of the segment below; only this test writes it.
+        let segment = unsafe { Segment::new(base, layout) };
+        let words = layout.windows / 8;
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut random = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        for _ in 0..10_000 {
+            for at in 0..words {
+                let value = match random() % 4 {
+                    0 => 0,
+                    1 => random() % 8,
+                    _ => random(),
+                };
+                // SAFETY: inside the control area of the allocation above.
+                unsafe { base.as_ptr().cast::<u64>().add(at).write_volatile(value) };
+            }
+            for rank in 0..nranks {
+                if let Some(peer) = segment.blocked_on(rank) {
+                    assert!(peer < nranks, "blocked on {peer}");
+                }
+                let _ = segment.departed(rank);
+                for seq in 0..4 {
+                    let _ = segment.published_call(rank, seq);
+                }
+                let status = &segment.control(rank).status;
+                let link = LinkFacts::from_word(status.link.load(Ordering::Relaxed));
+                let _ = ChunkPolicy::default().chunk_bytes(link.as_ref(), 1 << 20);
+                for signal in SIGNALS {
+                    let _ = segment.counter(rank, signal).value.load(Ordering::Relaxed);
+                }
+            }
+            let _ = segment.failure();
+        }
+        // SAFETY: allocated above with this layout; nothing refers to it now.
+        unsafe { std::alloc::dealloc(base.as_ptr(), allocation) };
     }
 }

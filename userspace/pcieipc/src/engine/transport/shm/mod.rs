@@ -51,6 +51,7 @@ impl TransportConfig for ShmOptions {
         let joined = if setup.rank == 0 {
             rendezvous::host(
                 setup.rendezvous,
+                setup.secret.as_ref(),
                 setup.nranks,
                 sizes,
                 setup.join_timeout,
@@ -60,6 +61,7 @@ impl TransportConfig for ShmOptions {
         } else {
             rendezvous::join(
                 setup.rendezvous,
+                setup.secret.as_ref(),
                 setup.rank,
                 setup.nranks,
                 setup.join_timeout,
@@ -71,9 +73,16 @@ impl TransportConfig for ShmOptions {
     }
 }
 
-/// Creates the segment for `nranks` ranks (rank 0 does this once).
+/// The seals rank 0 puts on the segment before handing it out: no rank can
+/// shrink it under the others' mappings (which would SIGBUS them), grow it,
+/// or lift the seals.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// Creates the segment for `nranks` ranks (rank 0 does this once), sized and
+/// sealed.
 pub(super) fn create_segment(nranks: usize, sizes: WindowSizes) -> Result<OwnedFd, EngineError> {
-    let layout = Layout::new(nranks, sizes);
+    let layout =
+        Layout::new(nranks, sizes).map_err(|reason| EngineError::BadWindowSizes { reason })?;
     let io = |context: &'static str| {
         move |errno: nix::errno::Errno| EngineError::SharedMemory {
             bytes: layout.total,
@@ -81,12 +90,41 @@ pub(super) fn create_segment(nranks: usize, sizes: WindowSizes) -> Result<OwnedF
             source: errno.into(),
         }
     };
-    let fd = nix::sys::memfd::memfd_create(SEGMENT_NAME, nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(io("memfd_create"))?;
+    let fd = nix::sys::memfd::memfd_create(
+        SEGMENT_NAME,
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(io("memfd_create"))?;
     // ftruncate leaves the memory sparse and zeroed: zero is every counter's
     // initial value, and pages are only allocated where ranks write.
     nix::unistd::ftruncate(&fd, layout.total as i64).map_err(io("ftruncate"))?;
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_ADD_SEALS(nix::fcntl::SealFlag::from_bits_truncate(SEALS)),
+    )
+    .map_err(io("seal"))?;
     Ok(fd)
+}
+
+/// Checks that the segment rank 0 sent is sealed and holds `layout`.
+fn check_segment(fd: &OwnedFd, layout: &Layout) -> Result<(), EngineError> {
+    let refused = |reason: String| EngineError::SharedMemory {
+        bytes: layout.total,
+        context: "checking the segment rank 0 sent",
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+    };
+    let seals = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GET_SEALS)
+        .map_err(|errno| refused(format!("it is not a sealable memfd ({errno})")))?;
+    if seals & SEALS != SEALS {
+        return Err(refused(format!("its seals are {seals:#x}, not {SEALS:#x}")));
+    }
+    let length = nix::sys::stat::fstat(fd)
+        .map_err(|errno| refused(format!("fstat: {errno}")))?
+        .st_size;
+    if u64::try_from(length).map_or(true, |length| length < layout.total as u64) {
+        return Err(refused(format!("it holds {length} bytes")));
+    }
+    Ok(())
 }
 
 type ShmTransport = SegmentTransport<Futexes>;
@@ -96,6 +134,8 @@ type ShmTransport = SegmentTransport<Futexes>;
 pub(crate) struct Futexes {
     mapping: NonNull<std::ffi::c_void>,
     length: usize,
+    /// Held while this rank lets its peers read its memory.
+    peer_reads: std::sync::Mutex<Option<peer_reads::Permission>>,
 }
 
 // SAFETY: the mapping is process-wide; `Futexes` only unmaps it.
@@ -120,7 +160,9 @@ impl ShmTransport {
         sizes: WindowSizes,
         pids: Vec<u32>,
     ) -> Result<ShmTransport, EngineError> {
-        let layout = Layout::new(pids.len(), sizes);
+        let layout = Layout::new(pids.len(), sizes)
+            .map_err(|reason| EngineError::BadWindowSizes { reason })?;
+        check_segment(&fd, &layout)?;
         let length =
             NonZeroUsize::new(layout.total).expect("segment holds at least its control page");
         // SAFETY: a fresh shared mapping of a memfd of exactly this length; no
@@ -148,6 +190,7 @@ impl ShmTransport {
         let futexes = Futexes {
             mapping: base,
             length: layout.total,
+            peer_reads: std::sync::Mutex::new(None),
         };
         ShmTransport::new(rank, segment, futexes).watch(pids)
     }
@@ -195,9 +238,21 @@ impl Signalling for Futexes {
         device_memory: false,
     };
 
-    fn allow_peer_reads() -> bool {
-        peer_reads::allow();
+    fn allow_peer_reads(&self) -> bool {
+        let mut held = self
+            .peer_reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        held.get_or_insert_with(peer_reads::Permission::acquire);
         true
+    }
+
+    fn end_peer_reads(&self) {
+        let mut held = self
+            .peer_reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *held = None;
     }
 
     fn read_peer(pid: u32, address: u64, into: &mut [u8]) -> std::io::Result<()> {
