@@ -72,7 +72,7 @@ impl MiscDevice for PcieIpcFile {
 
     fn ioctl(me: Pin<&PcieIpcFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
-            uapi::PCIEIPC_IOC_VERSION => version(arg),
+            uapi::PCIEIPC_IOC_VERSION => version(&me.fault, arg),
             uapi::PCIEIPC_IOC_LIST => device_ioctls::list(arg),
             uapi::PCIEIPC_IOC_WAIT => device_ioctls::wait(arg),
             uapi::PCIEIPC_IOC_COUNTERS => device_ioctls::counters(arg),
@@ -106,8 +106,20 @@ impl MiscDevice for PcieIpcFile {
         }
         let nonblocking = poll::nonblocking(&kiocb);
         let me = kiocb.file();
-        let mut cursor = me.event_cursor.lock();
-        let events = me.fault.events.take(&mut cursor, max, nonblocking)?;
+        // Sleep without the cursor's lock: poll and other readers of this
+        // file must not queue behind a reader waiting for events.
+        let (mut cursor, events) = loop {
+            let mut cursor = me.event_cursor.lock();
+            match me.fault.events.take(&mut cursor, max) {
+                Ok(events) => break (cursor, events),
+                Err(e) if e == EAGAIN && !nonblocking => {
+                    let at = *cursor;
+                    drop(cursor);
+                    me.fault.events.wait_readable(at)?;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let mut copied = 0;
         for event in events.iter() {
             if iov.copy_to_iter(event.as_bytes()) != record {
@@ -126,8 +138,8 @@ impl MiscDevice for PcieIpcFile {
 }
 
 /// `PCIEIPC_IOC_VERSION`.
-fn version(arg: usize) -> Result<isize> {
-    let mut arg = ArgszArg::<uapi::pcieipc_version>::read(arg, size_of::<uapi::pcieipc_version>())?;
+fn version(fault: &FaultState, arg: usize) -> Result<isize> {
+    let mut arg = ArgszArg::<uapi::pcieipc_version>::read(arg)?;
     if arg.value.flags != 0 {
         return Err(EINVAL);
     }
@@ -135,6 +147,7 @@ fn version(arg: usize) -> Result<isize> {
     reply.abi_major = uapi::PCIEIPC_ABI_MAJOR as u16;
     reply.abi_minor = uapi::PCIEIPC_ABI_MINOR as u16;
     reply.bound_devices = registry::bound_count();
+    reply.events_emitted = fault.events.emitted();
     reply.module_version = [0; uapi::PCIEIPC_VERSION_STRING_LEN as usize];
     let version = MODULE_VERSION.to_bytes();
     for (dst, &src) in reply.module_version.iter_mut().zip(version) {

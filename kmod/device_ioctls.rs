@@ -45,7 +45,7 @@ fn device_info(device: &BoundDevice) -> uapi::pcieipc_device_info {
 
 /// `PCIEIPC_IOC_LIST`.
 pub(crate) fn list(arg: usize) -> Result<isize> {
-    let mut arg = ArgszArg::<uapi::pcieipc_list>::read(arg, size_of::<uapi::pcieipc_list>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_list>::read(arg)?;
     let request = arg.value;
     if request.flags != 0 || request.entry_size == 0 {
         return Err(EINVAL);
@@ -81,7 +81,7 @@ fn usable_device(index: u32) -> Result<kernel::sync::Arc<BoundDevice>> {
 
 /// `PCIEIPC_IOC_WAIT`.
 pub(crate) fn wait(arg: usize) -> Result<isize> {
-    let mut arg = ArgszArg::<uapi::pcieipc_wait>::read(arg, size_of::<uapi::pcieipc_wait>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_wait>::read(arg)?;
     let request = arg.value;
     if request.flags != 0 {
         return Err(EINVAL);
@@ -98,8 +98,7 @@ pub(crate) fn wait(arg: usize) -> Result<isize> {
 
 /// `PCIEIPC_IOC_COUNTERS`.
 pub(crate) fn counters(arg: usize) -> Result<isize> {
-    let mut arg =
-        ArgszArg::<uapi::pcieipc_counters>::read(arg, size_of::<uapi::pcieipc_counters>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_counters>::read(arg)?;
     if arg.value.flags != 0 {
         return Err(EINVAL);
     }
@@ -113,7 +112,7 @@ pub(crate) fn counters(arg: usize) -> Result<isize> {
 /// `PCIEIPC_IOC_RING`.
 pub(crate) fn ring(arg: usize) -> Result<isize> {
     const IVSHMEM_DOORBELL: usize = 0x0c;
-    let arg = ArgszArg::<uapi::pcieipc_ring>::read(arg, size_of::<uapi::pcieipc_ring>())?;
+    let arg = ArgszArg::<uapi::pcieipc_ring>::read(arg)?;
     let request = arg.value;
     if request.flags != 0 {
         return Err(EINVAL);

@@ -47,8 +47,7 @@ fn mmap_offset(handle: u32) -> u64 {
 
 /// `PCIEIPC_IOC_DMA_ALLOC`.
 pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
-    let mut arg =
-        ArgszArg::<uapi::pcieipc_dma_alloc>::read(arg, size_of::<uapi::pcieipc_dma_alloc>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_dma_alloc>::read(arg)?;
     let request = arg.value;
     if request.flags != 0
         || request.size == 0
@@ -79,8 +78,7 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
 /// `PCIEIPC_IOC_DMA_COPY`.
 pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
     const BAR_FLAGS: u32 = uapi::PCIEIPC_DMA_SRC_BAR | uapi::PCIEIPC_DMA_DST_BAR;
-    let mut arg =
-        ArgszArg::<uapi::pcieipc_dma_copy>::read(arg, size_of::<uapi::pcieipc_dma_copy>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_dma_copy>::read(arg)?;
     let request = arg.value;
     if request.flags & !BAR_FLAGS != 0 || request.flags == BAR_FLAGS || request.length == 0 {
         return Err(EINVAL);
@@ -164,7 +162,7 @@ pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
 
 /// `PCIEIPC_IOC_DMA_WAIT`: the copy's own error is the ioctl's.
 pub(crate) fn wait(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<isize> {
-    let arg = ArgszArg::<uapi::pcieipc_dma_wait>::read(arg, size_of::<uapi::pcieipc_dma_wait>())?;
+    let arg = ArgszArg::<uapi::pcieipc_dma_wait>::read(arg)?;
     let request = arg.value;
     if request.flags != 0 {
         return Err(EINVAL);
@@ -185,7 +183,10 @@ pub(crate) fn wait(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
 }
 
 /// mmap of a DMA buffer of this file: `offset` is the VMA's file offset.
+/// Needs CAP_SYS_ADMIN, as a BAR window does: a file opened by a
+/// privileged process may be passed to, or kept by, one that is not.
 pub(crate) fn mmap(file: &kernel::sync::Mutex<DmaFile>, vma: &VmaNew, offset: u64) -> Result {
+    require_sys_admin()?;
     let within = offset & !uapi::PCIEIPC_MMAP_DMA;
     let handle = u32::try_from(within >> uapi::PCIEIPC_MMAP_BAR_SHIFT).map_err(|_| EINVAL)?;
     let in_buffer = within & ((1u64 << uapi::PCIEIPC_MMAP_BAR_SHIFT) - 1);

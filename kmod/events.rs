@@ -77,6 +77,11 @@ impl EventLog {
         self.ring.lock().oldest_seq()
     }
 
+    /// Events emitted since load: the `seq` of the next one.
+    pub(crate) fn emitted(&self) -> u64 {
+        self.ring.lock().next_seq
+    }
+
     /// Whether a reader at `cursor` has something to read.
     pub(crate) fn readable_at(&self, cursor: u64) -> bool {
         cursor < self.ring.lock().next_seq
@@ -86,25 +91,28 @@ impl EventLog {
         &self.readable
     }
 
-    /// Takes up to `max` (>= 1) records for the reader at `cursor` and
-    /// advances it. A reader whose cursor fell out of the ring first gets an
-    /// OVERFLOW record with the number of events it lost. Blocks until there
-    /// is something unless `nonblocking` (then EAGAIN); a signal gives
-    /// ERESTARTSYS.
-    pub(crate) fn take(
-        &self,
-        cursor: &mut u64,
-        max: usize,
-        nonblocking: bool,
-    ) -> Result<KVec<pcieipc_event>> {
+    /// Sleeps until a reader at `cursor` has something to read; a signal
+    /// gives ERESTARTSYS. The caller holds no lock of its own meanwhile (its
+    /// cursor may move: it takes with `take` and waits again if another
+    /// reader of the file got there first).
+    pub(crate) fn wait_readable(&self, cursor: u64) -> Result {
         let mut ring = self.ring.lock();
-        while *cursor >= ring.next_seq {
-            if nonblocking {
-                return Err(EAGAIN);
-            }
+        while cursor >= ring.next_seq {
             if self.readable.wait_interruptible(&mut ring) {
                 return Err(ERESTARTSYS);
             }
+        }
+        Ok(())
+    }
+
+    /// Takes up to `max` (>= 1) records for the reader at `cursor` and
+    /// advances it, or EAGAIN when there is none (never blocks). A reader
+    /// whose cursor fell out of the ring first gets an OVERFLOW record with
+    /// the number of events it lost.
+    pub(crate) fn take(&self, cursor: &mut u64, max: usize) -> Result<KVec<pcieipc_event>> {
+        let ring = self.ring.lock();
+        if *cursor >= ring.next_seq {
+            return Err(EAGAIN);
         }
         let mut out = KVec::with_capacity(max.min(CAPACITY + 1), GFP_KERNEL)?;
         let oldest = ring.oldest_seq();

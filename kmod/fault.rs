@@ -84,8 +84,7 @@ pub(crate) fn device_removed(bdf: u32) {
 
 /// `PCIEIPC_IOC_LINK_STATUS`.
 pub(crate) fn link_status(arg: usize) -> Result<isize> {
-    let mut arg =
-        ArgszArg::<uapi::pcieipc_link_status>::read(arg, size_of::<uapi::pcieipc_link_status>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_link_status>::read(arg)?;
     if arg.value.flags != 0 {
         return Err(EINVAL);
     }
@@ -100,8 +99,7 @@ pub(crate) fn link_status(arg: usize) -> Result<isize> {
 /// `PCIEIPC_IOC_LINK_RETRAIN`.
 pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
-    let mut arg =
-        ArgszArg::<uapi::pcieipc_link_retrain>::read(arg, size_of::<uapi::pcieipc_link_retrain>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_link_retrain>::read(arg)?;
     if arg.value.flags != 0 || arg.value.reserved != [0; 3] || arg.value.target_speed > 6 {
         return Err(EINVAL);
     }
@@ -129,7 +127,7 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
 /// `PCIEIPC_IOC_RESET`.
 pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
-    let mut arg = ArgszArg::<uapi::pcieipc_reset>::read(arg, size_of::<uapi::pcieipc_reset>())?;
+    let mut arg = ArgszArg::<uapi::pcieipc_reset>::read(arg)?;
     if arg.value.flags != 0 {
         return Err(EINVAL);
     }
@@ -159,7 +157,7 @@ pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
 /// `PCIEIPC_IOC_WATCH`.
 pub(crate) fn watch(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
-    let arg = ArgszArg::<uapi::pcieipc_watch>::read(arg, size_of::<uapi::pcieipc_watch>())?;
+    let arg = ArgszArg::<uapi::pcieipc_watch>::read(arg)?;
     let request = arg.value;
     let mut watches = state.watches.lock();
     let existing = watches.iter().position(|w| w.bdf == request.bdf);

@@ -7,8 +7,9 @@
 //! Probe enables memory space and bus mastering, maps the register BAR of the
 //! kinds the module drives, allocates interrupt vectors with a counting
 //! handler on each, and publishes the device in the registry; unbind marks it
-//! gone, which wakes its waiters with `ENODEV`, and zaps its BAR windows. Its
-//! PCI error handlers are in recovery.rs.
+//! gone, which wakes its waiters with `ENODEV`, zaps its BAR windows and
+//! clears bus mastering. Its PCI error handlers are in recovery.rs. A device
+//! in a PCI domain above 0xffff is refused: `PCIEIPC_BDF` cannot name it.
 
 use kernel::{
     device::{Bound, Core},
@@ -77,6 +78,13 @@ impl pci::Driver for PcieIpcDriver {
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
         let vendor = pdev.vendor_id().as_raw();
         let kind = DeviceKind::from_ids(vendor, pdev.device_id());
+        let Some(bdf) = pci_info::bdf(pdev) else {
+            dev_err!(
+                pdev,
+                "pcieipc: PCI domain above 0xffff: PCIEIPC_BDF cannot name this device\n"
+            );
+            return Err(EOPNOTSUPP);
+        };
         pdev.enable_device_mem()?;
         pdev.set_master();
         if kind == DeviceKind::Edu {
@@ -116,7 +124,6 @@ impl pci::Driver for PcieIpcDriver {
             _ => uapi::PCIEIPC_NO_PEER_ID,
         };
         // The link above the device, read as PCIEIPC_IOC_LINK_STATUS reads it.
-        let bdf = pci_info::bdf(bound);
         let link = link::status(&PciFunction::find(bdf)?);
         let register_bar = regs.as_ref().map(|_| 0);
         let device_info = DeviceInfo {
@@ -182,8 +189,12 @@ impl pci::Driver for PcieIpcDriver {
         })
     }
 
-    fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
+    fn unbind<'bound>(pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
         device_gone(&this.device);
+        // Gone stopped the DMA engine; userspace was given bus addresses of
+        // DMA buffers that outlive the binding: the device must no longer
+        // reach them (nor anything the memory is reused for).
+        pci_info::clear_bus_master(pdev);
         fault::device_removed(this.device.info.bdf);
     }
 }

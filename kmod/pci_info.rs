@@ -2,8 +2,8 @@
 
 //! What the module needs of a bound device that 7.3's `pci::Device` does not
 //! expose: its BDF, the flags of its BARs (what LIST reports, read once at
-//! probe), the `struct device` that the DMA API takes, and ID table entries
-//! of vendors that `pci::Vendor` cannot name. This is the one place that
+//! probe), the `struct device` that the DMA API takes, clearing bus mastering,
+//! and ID table entries of vendors that `pci::Vendor` cannot name. This is the one place that
 //! reads the raw `struct pci_dev` of a bound device.
 
 use kernel::{bindings, device::Bound, io::Io, pci, prelude::*};
@@ -53,8 +53,10 @@ pub(crate) fn raw<Ctx: kernel::device::DeviceContext>(
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
-/// `PCIEIPC_BDF(domain, bus, devfn)` of `pdev`.
-pub(crate) fn bdf<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> u32 {
+/// `PCIEIPC_BDF(domain, bus, devfn)` of `pdev`, or `None` in a PCI domain
+/// above 0xffff (VMD's start at 0x10000): the encoding has 16 bits for the
+/// domain, and a truncated one would name a device of domain 0.
+pub(crate) fn bdf<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> Option<u32> {
     let dev = raw(pdev);
     // SAFETY: `dev` is the live `pci_dev` behind `pdev`; `bus` is set for
     // every device, and the device name ("DDDD:BB:DD.F") is set before the
@@ -69,8 +71,19 @@ pub(crate) fn bdf<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -
         .iter()
         .take_while(|&&c| c != b':')
         .filter_map(|&c| (c as char).to_digit(16))
-        .fold(0u32, |acc, digit| (acc << 4) | digit);
-    (domain << 16) | (u32::from(bus) << 8) | (devfn & 0xff)
+        .try_fold(0u16, |acc, digit| {
+            acc.checked_mul(16)?.checked_add(digit as u16)
+        })?;
+    Some((u32::from(domain) << 16) | (u32::from(bus) << 8) | (devfn & 0xff))
+}
+
+/// Clears Bus Master Enable in `pdev`'s Command register: the device can no
+/// longer reach memory (DMA buffers outlive an unbind until their file is
+/// released).
+pub(crate) fn clear_bus_master(pdev: &pci::Device<Bound>) {
+    // SAFETY: `raw(pdev)` is the live, bound `pci_dev`; `pci_clear_master`
+    // does a config read-modify-write of its Command register.
+    unsafe { bindings::pci_clear_master(raw(pdev)) };
 }
 
 /// The BARs that hold the MSI-X table and pending-bit array: never mapped

@@ -34,7 +34,10 @@ fn record(
     result: Recovery,
     transition: Transition,
 ) -> Recovery {
-    let bdf = pci_info::bdf(pdev);
+    // Probe refuses devices whose BDF does not fit the encoding.
+    let Some(bdf) = pci_info::bdf(pdev) else {
+        return result;
+    };
     let aer = PciFunction::find(bdf)
         .map(|function| {
             let own = function.aer_regs();

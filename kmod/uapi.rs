@@ -55,22 +55,58 @@ plain_abi_struct!(
     pcieipc_event,
 );
 
+/// An argsz-versioned ioctl struct and the size of its first published
+/// version, the least `argsz` the module accepts: a caller's argsz covers at
+/// least the fields it knew (VFIO's rule). Frozen numbers: a struct grows at
+/// its end, and an old binary's smaller argsz must keep working.
+pub(crate) trait Argsz: FromBytes + AsBytes + Default {
+    /// Size of the struct in the ABI version that introduced the ioctl.
+    const FIRST_SIZE: usize;
+}
+
+macro_rules! argsz_structs {
+    ($($t:ty = $first:expr),* $(,)?) => {$(
+        impl Argsz for $t {
+            const FIRST_SIZE: usize = {
+                assert!($first <= size_of::<$t>());
+                $first
+            };
+        }
+    )*};
+}
+
+argsz_structs!(
+    pcieipc_version = 48,
+    pcieipc_list = 32,
+    pcieipc_wait = 40,
+    pcieipc_counters = 272,
+    pcieipc_ring = 16,
+    pcieipc_dma_alloc = 40,
+    pcieipc_dma_copy = 56,
+    pcieipc_dma_wait = 24,
+    pcieipc_link_status = 52,
+    pcieipc_link_retrain = 128,
+    pcieipc_watch = 16,
+    pcieipc_reset = 16,
+);
+
 /// An ioctl argument of an argsz-versioned struct (see the header's
-/// conventions): `argsz` must cover at least `min_size` bytes; only the first
-/// `min(argsz, size_of::<T>())` bytes are read and written back.
+/// conventions): `argsz` must cover at least `T::FIRST_SIZE` bytes; only the
+/// first `min(argsz, size_of::<T>())` bytes are read (the rest of the value
+/// stays zero, the default of every field an old caller did not send) and
+/// written back.
 pub(crate) struct ArgszArg<T> {
     user: UserPtr,
     len: usize,
     pub(crate) value: T,
 }
 
-impl<T: FromBytes + AsBytes + Default> ArgszArg<T> {
-    /// Reads the caller's struct. `min_size` is the struct's size in the ABI
-    /// version that introduced the ioctl.
-    pub(crate) fn read(arg: usize, min_size: usize) -> Result<Self> {
+impl<T: Argsz> ArgszArg<T> {
+    /// Reads the caller's struct.
+    pub(crate) fn read(arg: usize) -> Result<Self> {
         let mut argsz_reader = UserSlice::new(UserPtr::from_addr(arg), size_of::<u32>()).reader();
         let argsz = argsz_reader.read::<u32>()? as usize;
-        if argsz < min_size {
+        if argsz < T::FIRST_SIZE {
             return Err(EINVAL);
         }
         let len = argsz.min(size_of::<T>());

@@ -33,6 +33,7 @@ fabric.toml module.sh
 fabric.toml hostctl.sh unplug-ivs1.sh
 fabric.toml fault.sh
 fabric.toml aer.sh
+fabric.toml hardening.sh
 datapath.toml datapath-list.sh
 datapath.toml datapath-ipc.sh
 datapath.toml datapath-fuzz.sh

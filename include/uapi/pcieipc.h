@@ -11,7 +11,8 @@
  *    size of the struct as the caller knows it. The module refuses an argsz
  *    smaller than the struct's size in the ABI version that introduced it
  *    (EINVAL) and never reads or writes past argsz, so structs can grow at the
- *    end without new ioctl numbers;
+ *    end without new ioctl numbers: fields an older caller does not send
+ *    read as zero, and only argsz bytes are written back;
  *  - ioctl numbers are _IO(PCIEIPC_IOC_MAGIC, nr): the size lives in argsz;
  *  - `flags` fields must be zero unless a flag is defined (EINVAL otherwise);
  *  - padding and reserved fields are zero.
@@ -30,7 +31,7 @@
  * changes meaning; the minor number when something is added.
  */
 #define PCIEIPC_ABI_MAJOR 0
-#define PCIEIPC_ABI_MINOR 3
+#define PCIEIPC_ABI_MINOR 4
 
 /* Free in Documentation/userspace-api/ioctl/ioctl-number.rst. */
 #define PCIEIPC_IOC_MAGIC 0xD7
@@ -68,6 +69,9 @@ struct pcieipc_version {
 	__u32 bound_devices;
 	/* The module's version string, NUL-terminated. */
 	char module_version[PCIEIPC_VERSION_STRING_LEN];
+	/* ABI 0.4: events emitted since the module was loaded (the seq of the
+	 * next event). An ABI 0.3 caller's argsz (48) stops before it. */
+	__u64 events_emitted;
 };
 
 #define PCIEIPC_IOC_VERSION _IO(PCIEIPC_IOC_MAGIC, PCIEIPC_CMD_VERSION)
@@ -137,7 +141,9 @@ struct pcieipc_bar_info {
 
 /*
  * A PCI function: PCIEIPC_BDF(domain, bus, devfn) as lspci prints
- * dddd:bb:dd.f, with devfn = device << 3 | function.
+ * dddd:bb:dd.f, with devfn = device << 3 | function. The domain has 16 bits:
+ * functions in domains above 0xffff (VMD's) cannot be named; the module does
+ * not bind them, and userspace refuses to encode them.
  */
 #define PCIEIPC_BDF(domain, bus, devfn) \
 	((((__u32)(domain)) << 16) | (((__u32)(bus)) << 8) | ((__u32)(devfn)))

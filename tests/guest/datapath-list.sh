@@ -58,7 +58,7 @@ check "bind again: a new index (5) replaces the gone entry of that BDF" sh -c '
     echo 0000:02:00.0 > /sys/bus/pci/drivers/pcieipc/bind &&
     pcieipc device list | grep -q "^5 0000:02:00.0 1af4:1110 Ivshmem Bound" &&
     ! pcieipc device list | grep -q "^1 "'
-check "root-only open (EACCES as uid 65534); without CAP_SYS_ADMIN: LIST/WAIT answer, RING/mmap/DMA_ALLOC get EPERM" \
+check "root-only open (EACCES as uid 65534); without CAP_SYS_ADMIN: LIST/WAIT answer, RING/mmap of a BAR or a DMA buffer/DMA_ALLOC get EPERM" \
     pcieipc-guest caps-check
 check "rmmod pcieipc with no file open" rmmod pcieipc
 check "rmmod released every requested region" sh -c '! grep -q pcieipc /proc/iomem'

@@ -52,7 +52,7 @@ enum LinkCommand {
 }
 
 fn bdf(text: &str) -> anyhow::Result<u32> {
-    Ok(text.parse::<Bdf>()?.to_abi())
+    Ok(text.parse::<Bdf>()?.to_abi()?)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -4,7 +4,7 @@
 
 pub const PCIEIPC_DEVICE_NAME: &[u8; 8] = b"pcieipc\0";
 pub const PCIEIPC_ABI_MAJOR: u32 = 0;
-pub const PCIEIPC_ABI_MINOR: u32 = 3;
+pub const PCIEIPC_ABI_MINOR: u32 = 4;
 pub const PCIEIPC_IOC_MAGIC: u32 = 215;
 pub const PCIEIPC_VERSION_STRING_LEN: u32 = 32;
 pub const PCIEIPC_IOC_VERSION: u32 = 55040;
@@ -69,11 +69,12 @@ pub struct pcieipc_version {
     pub abi_minor: __u16,
     pub bound_devices: __u32,
     pub module_version: [::core::ffi::c_char; 32usize],
+    pub events_emitted: __u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pcieipc_version"][::core::mem::size_of::<pcieipc_version>() - 48usize];
-    ["Alignment of pcieipc_version"][::core::mem::align_of::<pcieipc_version>() - 4usize];
+    ["Size of pcieipc_version"][::core::mem::size_of::<pcieipc_version>() - 56usize];
+    ["Alignment of pcieipc_version"][::core::mem::align_of::<pcieipc_version>() - 8usize];
     ["Offset of field: pcieipc_version::argsz"]
         [::core::mem::offset_of!(pcieipc_version, argsz) - 0usize];
     ["Offset of field: pcieipc_version::flags"]
@@ -86,6 +87,8 @@ const _: () = {
         [::core::mem::offset_of!(pcieipc_version, bound_devices) - 12usize];
     ["Offset of field: pcieipc_version::module_version"]
         [::core::mem::offset_of!(pcieipc_version, module_version) - 16usize];
+    ["Offset of field: pcieipc_version::events_emitted"]
+        [::core::mem::offset_of!(pcieipc_version, events_emitted) - 48usize];
 };
 pub const PCIEIPC_STATE_BOUND: pcieipc_device_state = 0;
 pub const PCIEIPC_STATE_FROZEN: pcieipc_device_state = 1;

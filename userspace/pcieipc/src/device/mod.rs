@@ -83,6 +83,8 @@ pub struct ModuleVersion {
     pub abi_minor: u16,
     pub bound_devices: u32,
     pub module_version: String,
+    /// Events emitted since the module was loaded (ABI 0.4).
+    pub events_emitted: u64,
 }
 
 /// An open `/dev/pcieipc`.
@@ -156,6 +158,7 @@ impl Device {
             abi_minor: arg.abi_minor,
             bound_devices: arg.bound_devices,
             module_version,
+            events_emitted: arg.events_emitted,
         })
     }
 

@@ -53,13 +53,23 @@ impl FromStr for Bdf {
     }
 }
 
+/// A function that `PCIEIPC_BDF` cannot name: the module's ABI has 16 bits
+/// for the domain, and a truncated one would name a function of domain 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{bdf}: PCI domain {:#x} does not fit the module's 16-bit domain field (PCIEIPC_BDF); pcieipc cannot address it", .bdf.domain)]
+pub struct DomainTooWide {
+    pub bdf: Bdf,
+}
+
 impl Bdf {
-    /// `PCIEIPC_BDF(domain, bus, devfn)` of the module's ABI.
-    pub fn to_abi(self) -> u32 {
-        self.domain << 16
+    /// `PCIEIPC_BDF(domain, bus, devfn)` of the module's ABI; domains above
+    /// 0xffff (VMD's) are refused, never truncated.
+    pub fn to_abi(self) -> Result<u32, DomainTooWide> {
+        let domain = u16::try_from(self.domain).map_err(|_| DomainTooWide { bdf: self })?;
+        Ok(u32::from(domain) << 16
             | u32::from(self.bus) << 8
             | u32::from(self.device) << 3
-            | u32::from(self.function)
+            | u32::from(self.function))
     }
 
     /// The inverse of `to_abi`.
@@ -96,9 +106,13 @@ mod tests {
     #[test]
     fn abi_encoding_and_short_form() {
         let bdf: Bdf = "3b:00.1".parse().unwrap();
-        assert_eq!(bdf.to_abi(), 0x3b01);
+        assert_eq!(bdf.to_abi(), Ok(0x3b01));
         assert_eq!(Bdf::from_abi(0x0001_3b09).to_string(), "0001:3b:01.1");
-        assert_eq!("0000:00:10.0".parse::<Bdf>().unwrap().to_abi(), 0x80);
+        assert_eq!("0000:00:10.0".parse::<Bdf>().unwrap().to_abi(), Ok(0x80));
+        assert_eq!(
+            "ffff:01:00.0".parse::<Bdf>().unwrap().to_abi(),
+            Ok(0xffff_0100)
+        );
         assert!("00:20.0".parse::<Bdf>().is_err());
         assert!("garbage".parse::<Bdf>().is_err());
     }
@@ -119,6 +133,12 @@ mod tests {
         let vmd: Bdf = "10000:01:00.0".parse().unwrap();
         assert_eq!(vmd.domain, 0x10000);
         assert_eq!(vmd.to_string(), "10000:01:00.0");
+        // Never aliased to 0000:01:00.0 (0x100) in the module's encoding.
+        let refused = vmd.to_abi().unwrap_err();
+        assert_eq!(refused, DomainTooWide { bdf: vmd });
+        assert!(refused
+            .to_string()
+            .contains("10000:01:00.0: PCI domain 0x10000"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub mod report;
 pub mod sysfs;
 pub mod topology;
 
-pub use bdf::Bdf;
+pub use bdf::{Bdf, DomainTooWide};
 pub use doctor::{diagnose, Finding, FindingKind, PeerRoute, Severity};
 pub use error::ProbeError;
 pub use health::HealthModel;

@@ -374,7 +374,6 @@ fn aer(bdf_text: &str, inject: &str, bit: u8, severity: &str) -> Result<(), Stri
 
 /// `PCIEIPC_BDF` of "0000:01:00.0" (or lspci's "01:00.0").
 fn parse_bdf(text: &str) -> Result<u32, String> {
-    text.parse::<Bdf>()
-        .map(Bdf::to_abi)
-        .map_err(|e| e.to_string())
+    let bdf = text.parse::<Bdf>().map_err(|e| e.to_string())?;
+    bdf.to_abi().map_err(|e| e.to_string())
 }

@@ -7,12 +7,16 @@ use pcieipc_testbed::tree::{compare, scan, TreeLine};
 
 // The data-path checks; under guest/ so that cargo does not take them for
 // binaries of their own.
+#[path = "guest/abi.rs"]
+mod abi;
 #[path = "guest/caps.rs"]
 mod caps;
 #[path = "guest/common.rs"]
 mod common;
 #[path = "guest/dma.rs"]
 mod dma;
+#[path = "guest/events.rs"]
+mod events;
 #[path = "guest/fuzz.rs"]
 mod fuzz;
 #[path = "guest/pingpong.rs"]
@@ -113,6 +117,11 @@ enum Command {
         #[arg(long)]
         go: PathBuf,
     },
+    /// VERSION with an ABI 0.3 binary's smaller struct is accepted.
+    ArgszOld,
+    /// Two readers block in read() on one file: poll answers at once and
+    /// both sleep interruptibly; two events release them.
+    EventsBlockedRead,
     /// Random ioctls and mmaps: only errnos come back.
     Fuzz {
         #[arg(long, default_value_t = 10_000)]
@@ -156,6 +165,8 @@ fn main() -> ExitCode {
         Command::DmaErrors => report(dma::errors()),
         Command::DmaBar => report(dma::bar()),
         Command::CapsCheck => report(caps::run()),
+        Command::ArgszOld => report(abi::old_struct()),
+        Command::EventsBlockedRead => report(events::blocked_read()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
         Command::Tree { expect, sysfs } => {
             let expected: Result<Vec<TreeLine>, String> = match std::fs::read_to_string(&expect) {

@@ -1,5 +1,6 @@
 //! Privileges: /dev/pcieipc opens for root only, and a process that holds
-//! an open file but lost CAP_SYS_ADMIN cannot touch hardware through it.
+//! an open file but lost CAP_SYS_ADMIN cannot touch hardware through it,
+//! nor map a DMA buffer it allocated while privileged.
 
 use std::time::Duration;
 
@@ -16,6 +17,10 @@ pub fn run() -> CheckResult {
         .into_iter()
         .next()
         .ok_or("no ivshmem-doorbell device bound")?;
+    // Allocated while privileged: the mmap below must still be refused.
+    let buffer = device
+        .dma_alloc(ivshmem.index, 4096)
+        .map_err(|e| e.to_string())?;
     // SAFETY: setuid only changes this process's credentials (nix's
     // wrapper needs a feature the workspace does not enable).
     if unsafe { nix::libc::setuid(65534) } != 0 {
@@ -53,6 +58,10 @@ pub fn run() -> CheckResult {
                 .map_bar(ivshmem.index, 2, 0, 4096)
                 .err()
                 .and_then(|e| e.errno()),
+        ),
+        (
+            "mmap of a DMA buffer",
+            device.map_dma(&buffer).err().and_then(|e| e.errno()),
         ),
         (
             "DMA_ALLOC",

@@ -58,11 +58,16 @@ impl LinkEvents {
         // A new file's cursor starts at the oldest event the module keeps:
         // skip what happened before this job.
         while !read_available(&mut device)?.is_empty() {}
-        let abi_bdf = mine
+        // The module names devices in PCI address form, in domains its ABI
+        // encodes (it refuses the others): anything else has no link to follow.
+        let Some(abi_bdf) = mine
             .bdf
             .parse::<Bdf>()
-            .expect("the module names devices in PCI address form")
-            .to_abi();
+            .ok()
+            .and_then(|bdf| bdf.to_abi().ok())
+        else {
+            return Ok(None);
+        };
         let link = device.link_status(abi_bdf)?;
         let Some(speed) = LinkSpeed::from_encoding(link.speed) else {
             return Ok(None);
@@ -152,10 +157,15 @@ fn read_available(device: &mut Device) -> Result<Vec<Event>, DeviceError> {
 impl Drop for LinkEvents {
     fn drop(&mut self) {
         if self.watching {
-            if let Ok(bdf) = self.bdf.parse::<Bdf>() {
+            if let Some(bdf) = self
+                .bdf
+                .parse::<Bdf>()
+                .ok()
+                .and_then(|bdf| bdf.to_abi().ok())
+            {
                 // The module drops every watch when it is unloaded; a failure
                 // here leaves one periodic status read behind until then.
-                let _ = self.device.unwatch(bdf.to_abi());
+                let _ = self.device.unwatch(bdf);
             }
         }
     }
