@@ -41,7 +41,7 @@ impl std::str::FromStr for BenchTransport {
 /// `--transport`'s help: the registry's transports, then the CUDA backend.
 fn transport_help() -> String {
     format!(
-        "Transport between the ranks: {}; cuda: GPU buffers, CUDA IPC and peer-to-peer kernels",
+        "Transport between the ranks: {}, or cuda (GPU buffers, CUDA IPC and peer-to-peer kernels)",
         transport::describe_all()
     )
 }

@@ -79,13 +79,13 @@ pub struct Registered {
 /// Every transport, the default first.
 pub const TRANSPORTS: &[Registered] = &[shm::REGISTERED, pcieipc::REGISTERED];
 
-/// One line per transport, `name: summary`, for `--help`.
+/// Every transport as `name (summary)`, for `--help`.
 pub fn describe_all() -> String {
     TRANSPORTS
         .iter()
-        .map(|registered| format!("{}: {}", registered.name, registered.summary))
+        .map(|registered| format!("{} ({})", registered.name, registered.summary))
         .collect::<Vec<_>>()
-        .join("; ")
+        .join(", ")
 }
 
 fn names() -> String {

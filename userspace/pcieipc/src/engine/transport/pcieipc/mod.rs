@@ -45,8 +45,8 @@ pub struct PcieipcOptions {
 
 pub(super) const REGISTERED: Registered = Registered {
     name: "pcieipc",
-    summary: "the shared BAR2 of ivshmem-doorbell devices bound by /dev/pcieipc (rank r on the \
-              r-th); doorbells and MSI-X interrupt waits",
+    summary: "the shared BAR2 of ivshmem-doorbell devices bound by /dev/pcieipc, rank r on \
+              the r-th, doorbells and MSI-X interrupt waits",
     defaults: || TransportOptions::new(PcieipcOptions::default()),
 };
 

@@ -33,7 +33,7 @@ pub struct ShmOptions;
 
 pub(super) const REGISTERED: Registered = Registered {
     name: "shm",
-    summary: "a memfd segment in host memory shared by the ranks of one host; futex sleeps",
+    summary: "a memfd segment in host memory shared by the ranks of one host, futex sleeps",
     defaults: || TransportOptions::new(ShmOptions),
 };
 
