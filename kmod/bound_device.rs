@@ -185,8 +185,9 @@ impl BoundDevice {
         }
     }
 
-    /// A PCI error was reported (error recovery begins): waiters fail with
-    /// EIO, new calls too until `thaw`.
+    /// A PCI error was reported (error recovery begins) or a reset begins:
+    /// waiters fail with EIO, new calls too until `thaw`; the copy in
+    /// progress ends with EIO (a reset or an error loses it).
     pub(crate) fn freeze(&self) {
         let mut events = self.events.lock();
         events.errors += 1;
@@ -195,6 +196,9 @@ impl BoundDevice {
         }
         drop(events);
         self.changed.notify_all();
+        if let Some(regs) = &self.regs {
+            self.edu_dma.cancel(regs);
+        }
     }
 
     /// Error recovery resumed the device.

@@ -236,29 +236,43 @@ impl EduEngine {
         }
     }
 
-    /// Stops the engine for good (unbind): waits for edu to finish the DMA
-    /// command in flight (it must not write into freed buffers), ends the
-    /// copy in progress with ENODEV and drops the buffers.
+    /// Stops the engine for good (unbind): ends the copy in progress with
+    /// ENODEV (see `end_active`); no new copy starts.
     pub(crate) fn close(&self, regs: &MappedBar) {
+        self.end_active(regs, true, ENODEV);
+    }
+
+    /// A reset or a PCI error: the device forgets the copy in progress, so
+    /// it ends with EIO (see `end_active`) and the next copy may start.
+    pub(crate) fn cancel(&self, regs: &MappedBar) {
+        self.end_active(regs, false, EIO);
+    }
+
+    /// Waits for edu to finish the DMA command in flight (it must not write
+    /// into freed buffers, nor into the next copy's), ends the copy in
+    /// progress with `error` and drops the buffers; `close` also refuses
+    /// every later copy.
+    fn end_active(&self, regs: &MappedBar, close: bool, error: Error) {
         let (active, retired) = {
             let mut state = self.state.lock();
-            state.closed = true;
+            state.closed |= close;
             (state.active.take(), state.retired.take())
         };
         drop(retired);
         if let Some(copy) = active {
-            // edu runs a command for 100 ms: allow it a second.
+            // edu runs a command for 100 ms: allow it a second. All ones is
+            // a device that no longer answers (frozen link, removed).
             for _ in 0..1000 {
                 let busy = regs
                     .try_access()
                     .and_then(|bar| bar.try_read32(EDU_DMA_CMD).ok())
-                    .is_some_and(|cmd| cmd & EDU_DMA_START != 0);
+                    .is_some_and(|cmd| cmd != u32::MAX && cmd & EDU_DMA_START != 0);
                 if !busy {
                     break;
                 }
                 fsleep(Delta::from_millis(1));
             }
-            copy.transfer.ticket.end(Err(ENODEV));
+            copy.transfer.ticket.end(Err(error));
         }
     }
 }

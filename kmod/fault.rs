@@ -96,6 +96,32 @@ pub(crate) fn link_status(arg: usize) -> Result<isize> {
     Ok(0)
 }
 
+/// Retraining takes a link down for its duration: only the links of devices
+/// this module binds may be retrained, i.e. `function`'s port must be the
+/// port directly above a bound device (EPERM otherwise). A root port of the
+/// boot disk or another driver's device is never touched.
+fn require_served_port(function: &PciFunction) -> Result {
+    let port = link::retrain_port(function)?.bdf();
+    let mut served = false;
+    registry::for_each(|device| {
+        // A frozen device (error recovery) is still served: a retrain may
+        // be what recovers its link.
+        if device.state() != uapi::PCIEIPC_STATE_GONE {
+            let above = PciFunction::find(device.info.bdf)
+                .ok()
+                .and_then(|d| d.upstream_bridge())
+                .map(|p| p.bdf());
+            served |= above == Some(port);
+        }
+        Ok(())
+    })?;
+    if served {
+        Ok(())
+    } else {
+        Err(EPERM)
+    }
+}
+
 /// `PCIEIPC_IOC_LINK_RETRAIN`.
 pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
@@ -104,6 +130,7 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
         return Err(EINVAL);
     }
     let function = PciFunction::find(arg.value.bdf)?;
+    require_served_port(&function)?;
     let retrain = link::retrain(&function, arg.value.target_speed, arg.value.timeout_ms)?;
     let errno = match retrain.outcome {
         Ok(()) => 0,

@@ -110,44 +110,58 @@ pub(crate) struct Retrain {
     pub(crate) outcome: Result,
 }
 
-/// Retrains the link above `function` from its upstream port, as
-/// `pcie_retrain_link()` does (which modules cannot call): optionally set
-/// the target speed, set Retrain Link, wait for Link Training to clear.
+/// Polls the port's Link Training bit until it is clear, up to `limit` from
+/// `start`.
+fn wait_training_done(port: &PciFunction, start: Instant<Monotonic>, limit: Delta) -> Result {
+    loop {
+        let lnksta = port.pcie_read16(regs::PCI_EXP_LNKSTA)?;
+        if lnksta & regs::PCI_EXP_LNKSTA_LT == 0 {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            return Err(ETIMEDOUT);
+        }
+        fsleep(Delta::from_millis(1));
+    }
+}
+
+/// The port whose Link Control retrains the link above `function`.
+pub(crate) fn retrain_port(function: &PciFunction) -> Result<PciFunction> {
+    function
+        .upstream_bridge()
+        .filter(PciFunction::is_downstream_port)
+        .ok_or(EOPNOTSUPP)
+}
+
+/// Retrains the link above `function` from its upstream port, following
+/// `pcie_retrain_link()` (which modules cannot call): wait for a training in
+/// progress to end (so the new parameters are used), optionally set the
+/// target speed, set Retrain Link (and clear it again on ports with the
+/// erratum the kernel's quirks mark), wait for Link Training to clear, clear
+/// LBMS (which the retrain set). A target speed the caller gave is for this
+/// retrain only: the port's Target Link Speed is put back afterwards, so a
+/// later retrain (the kernel's or ours) trains to the speed it had.
 pub(crate) fn retrain(
     function: &PciFunction,
     target_speed: u8,
     timeout_ms: u32,
 ) -> Result<Retrain> {
-    let port = function
-        .upstream_bridge()
-        .filter(PciFunction::is_downstream_port)
-        .ok_or(EOPNOTSUPP)?;
+    let port = retrain_port(function)?;
     let timeout_ms = match timeout_ms {
         0 => DEFAULT_RETRAIN_TIMEOUT_MS,
         ms if ms > MAX_RETRAIN_TIMEOUT_MS => return Err(EINVAL),
         ms => ms,
     };
-    let before = status(function);
     if target_speed != 0 {
         let port_max = generation(port.pcie_read32(regs::PCI_EXP_LNKCAP)?);
         if target_speed > port_max {
             return Err(EINVAL);
         }
-        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, u16::from(target_speed))?;
     }
-    let start = Instant::<Monotonic>::now();
-    port.link_control_clear_and_set(0, regs::PCI_EXP_LNKCTL_RL)?;
+    let before = status(function);
     let limit = Delta::from_millis(i64::from(timeout_ms));
-    let outcome = loop {
-        let lnksta = port.pcie_read16(regs::PCI_EXP_LNKSTA)?;
-        if lnksta & regs::PCI_EXP_LNKSTA_LT == 0 {
-            break Ok(());
-        }
-        if start.elapsed() > limit {
-            break Err(ETIMEDOUT);
-        }
-        fsleep(Delta::from_millis(1));
-    };
+    let start = Instant::<Monotonic>::now();
+    let outcome = retrain_port_link(&port, target_speed, start, limit);
     let elapsed_us = start
         .elapsed()
         .as_micros_ceil()
@@ -156,6 +170,48 @@ pub(crate) fn retrain(
         before,
         after: status(function),
         elapsed_us,
-        outcome,
+        outcome: outcome?,
     })
+}
+
+/// The register sequence of a retrain; `Ok(Err(ETIMEDOUT))` when training
+/// did not end within `limit`, `Err` when a config access failed.
+fn retrain_port_link(
+    port: &PciFunction,
+    target_speed: u8,
+    start: Instant<Monotonic>,
+    limit: Delta,
+) -> Result<Result> {
+    if let Err(e) = wait_training_done(port, start, limit) {
+        return if e == ETIMEDOUT { Ok(Err(e)) } else { Err(e) };
+    }
+    let original_tls = port.pcie_read16(regs::PCI_EXP_LNKCTL2)? & regs::PCI_EXP_LNKCTL2_TLS;
+    let set_tls = target_speed != 0 && u16::from(target_speed) != original_tls;
+    if set_tls {
+        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, u16::from(target_speed))?;
+    }
+    let trained = port
+        .link_control_clear_and_set(0, regs::PCI_EXP_LNKCTL_RL)
+        .and_then(|()| {
+            if port.needs_retrain_bit_cleared() {
+                port.link_control_clear_and_set(regs::PCI_EXP_LNKCTL_RL, 0)
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| match wait_training_done(port, start, limit) {
+            Err(e) if e == ETIMEDOUT => Ok(Err(e)),
+            other => other.map(Ok),
+        });
+    // Undo what this retrain changed even when it failed.
+    let lbms = port.link_status_clear(regs::PCI_EXP_LNKSTA_LBMS);
+    let tls = if set_tls {
+        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, original_tls)
+    } else {
+        Ok(())
+    };
+    let trained = trained?;
+    lbms?;
+    tls?;
+    Ok(trained)
 }

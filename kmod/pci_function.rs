@@ -32,6 +32,7 @@ pub(crate) mod regs {
     pub(crate) const PCI_EXP_LNKSTA: i32 = bindings::PCI_EXP_LNKSTA as i32;
     pub(crate) const PCI_EXP_LNKSTA_LT: u16 = bindings::PCI_EXP_LNKSTA_LT as u16;
     pub(crate) const PCI_EXP_LNKSTA_DLLLA: u16 = bindings::PCI_EXP_LNKSTA_DLLLA as u16;
+    pub(crate) const PCI_EXP_LNKSTA_LBMS: u16 = bindings::PCI_EXP_LNKSTA_LBMS as u16;
     pub(crate) const PCI_EXP_LNKCTL2: i32 = bindings::PCI_EXP_LNKCTL2 as i32;
     pub(crate) const PCI_EXP_LNKCTL2_TLS: u16 = bindings::PCI_EXP_LNKCTL2_TLS as u16;
     pub(crate) const PCI_EXT_CAP_ID_ERR: i32 = bindings::PCI_EXT_CAP_ID_ERR as i32;
@@ -165,18 +166,35 @@ impl PciFunction {
         })
     }
 
-    /// Read-modify-write of Link Control 2 (no other kernel writer races on
-    /// the target speed field outside bandwidth control, which holds the
-    /// device lock we do not own: the unlocked helper is what it uses too).
+    /// Read-modify-write of Link Control 2 with the same lock as Link Control
+    /// (bandwidth control writes the target speed under it; this is what
+    /// `pcie_capability_clear_and_set_word` does for this register).
     pub(crate) fn link_control2_clear_and_set(&self, clear: u16, set: u16) -> Result {
-        // SAFETY: `dev` is valid.
+        // SAFETY: `dev` is valid; the locked helper serialises with the
+        // kernel's own writers of Link Control 2.
         to_result(unsafe {
-            bindings::pcie_capability_clear_and_set_word_unlocked(
+            bindings::pcie_capability_clear_and_set_word_locked(
                 self.dev.as_ptr(),
                 regs::PCI_EXP_LNKCTL2,
                 clear,
                 set,
             )
+        })
+    }
+
+    /// Whether the kernel's quirks mark this port as needing Retrain Link
+    /// cleared again by hand after setting it (an erratum of some devices).
+    pub(crate) fn needs_retrain_bit_cleared(&self) -> bool {
+        // SAFETY: `dev` is valid; the quirk bit is set at enumeration.
+        unsafe { (*self.dev.as_ptr()).clear_retrain_link() != 0 }
+    }
+
+    /// Clears write-one-to-clear bits of Link Status (LBMS after a retrain).
+    pub(crate) fn link_status_clear(&self, bits: u16) -> Result {
+        // SAFETY: `dev` is valid; Link Status has only read-only and
+        // write-one-to-clear bits, so writing `bits` changes nothing else.
+        to_result(unsafe {
+            bindings::pcie_capability_write_word(self.dev.as_ptr(), regs::PCI_EXP_LNKSTA, bits)
         })
     }
 

@@ -3,8 +3,6 @@
 //! Watches: a periodic check of a PCI function's link and config space,
 //! turned into LINK_CHANGE and DEVICE_GONE events.
 
-use core::sync::atomic::{AtomicBool, Ordering};
-
 use kernel::{
     new_delayed_work, new_mutex,
     prelude::*,
@@ -31,7 +29,10 @@ pub(crate) struct Watch {
     events: Arc<EventLog>,
     #[pin]
     seen: Mutex<Seen>,
-    stopped: AtomicBool,
+    /// Set by `stop`; `run` re-queues only under this lock and only while
+    /// it is false, so no re-queue can slip in after `stop` set it.
+    #[pin]
+    stopped: Mutex<bool>,
     #[pin]
     work: DelayedWork<Watch>,
 }
@@ -58,7 +59,7 @@ impl Watch {
                 period_ms,
                 events,
                 seen <- new_mutex!(Seen { link: first, gone: false }),
-                stopped: AtomicBool::new(false),
+                stopped <- new_mutex!(false),
                 work <- new_delayed_work!("pcieipc_watch"),
             }),
             GFP_KERNEL,
@@ -68,9 +69,11 @@ impl Watch {
     }
 
     /// Stops the watch and waits until its work item is neither queued nor
-    /// running (flushing runs a pending check at once, which sees `stopped`).
+    /// running. Once `stopped` is set under its lock no run queues the item
+    /// again; one queued before is run at once by the flush (and sees
+    /// `stopped`), one running is waited for.
     pub(crate) fn stop(&self) {
-        self.stopped.store(true, Ordering::SeqCst);
+        *self.stopped.lock() = true;
         delayed_work::flush(&self.work);
     }
 
@@ -132,12 +135,14 @@ impl WorkItem for Watch {
     type Pointer = Arc<Watch>;
 
     fn run(this: Arc<Watch>) {
-        if this.stopped.load(Ordering::SeqCst) {
+        if *this.stopped.lock() || !this.check() {
             return;
         }
-        if this.check() && !this.stopped.load(Ordering::SeqCst) {
+        let stopped = this.stopped.lock();
+        if !*stopped {
             let period = msecs_to_jiffies(this.period_ms);
-            let _ = workqueue::system().enqueue_delayed(this, period);
+            // Queued under the lock `stop` takes (queueing does not sleep).
+            let _ = workqueue::system().enqueue_delayed(this.clone(), period);
         }
     }
 }

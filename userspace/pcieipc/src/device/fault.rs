@@ -53,6 +53,18 @@ impl Device {
             Ok(_) => true,
             // The module fills before/after also when training timed out.
             Err(nix::errno::Errno::ETIMEDOUT) => false,
+            Err(nix::errno::Errno::EPERM) => {
+                return Err(DeviceError::RetrainNotServed {
+                    path: self.path.clone(),
+                    bdf: format!(
+                        "{:04x}:{:02x}:{:02x}.{}",
+                        bdf >> 16,
+                        (bdf >> 8) & 0xff,
+                        (bdf >> 3) & 0x1f,
+                        bdf & 7
+                    ),
+                })
+            }
             Err(errno) => return Err(self.ioctl_error("PCIEIPC_IOC_LINK_RETRAIN", errno)),
         };
         Ok(Retrain {

@@ -41,6 +41,11 @@ pub enum DeviceError {
         ioctl: &'static str,
         errno: nix::errno::Errno,
     },
+    #[error(
+        "{path}: PCIEIPC_IOC_LINK_RETRAIN of {bdf} refused (EPERM): pcieipc retrains only the link \
+         directly above a device it binds (see `pcieipc device list`)"
+    )]
+    RetrainNotServed { path: PathBuf, bdf: String },
     #[error("{path}: {ioctl} on device {device}: {errno}")]
     DeviceIoctl {
         path: PathBuf,
@@ -192,6 +197,7 @@ impl DeviceError {
             DeviceError::Ioctl { errno, .. }
             | DeviceError::DeviceIoctl { errno, .. }
             | DeviceError::Mmap { errno, .. } => Some(*errno),
+            DeviceError::RetrainNotServed { .. } => Some(nix::errno::Errno::EPERM),
             DeviceError::Open { .. }
             | DeviceError::AbiMismatch { .. }
             | DeviceError::ShortRecord { .. } => None,
