@@ -10,15 +10,15 @@
 
 use kernel::{
     io::Io,
-    new_condvar, new_spinlock_irq, pci,
+    new_condvar, new_mutex, new_spinlock_irq, pci,
     prelude::*,
-    sync::{aref::ARef, CondVar, CondVarTimeoutResult, SpinLockIrq},
+    sync::{aref::ARef, CondVar, CondVarTimeoutResult, Mutex, SpinLockIrq},
     time::{msecs_to_jiffies, Jiffies},
 };
 
 use crate::{
     dma_engine::{CopyEngine, CpuEngine, EduCopyEngine, EduEngine, Transfer, EDU_IRQ_DMA},
-    pci_info::{BarInfo, MappedBar},
+    pci_info::{self, BarInfo, MappedBar},
     uapi,
 };
 
@@ -97,6 +97,10 @@ pub(crate) struct BoundDevice {
     /// Notified on every interrupt and on every state change.
     #[pin]
     changed: CondVar,
+    /// Whether the device was retired (unbind): bus mastering is then off
+    /// for good. Held across every change of Bus Master Enable.
+    #[pin]
+    retired: Mutex<bool>,
 }
 
 impl BoundDevice {
@@ -120,12 +124,55 @@ impl BoundDevice {
                 errors: 0,
             }),
             changed <- new_condvar!(),
+            retired <- new_mutex!(false),
         })
     }
 
+    /// Whether the device's bus mastering follows its users: a generic
+    /// device is driven by userspace through its BAR windows, so it may
+    /// reach memory only while a file of /dev/pcieipc is open (the DMA
+    /// buffers whose bus addresses userspace handed it are freed with the
+    /// files). The kinds the module drives keep it from probe to unbind.
+    fn mastering_follows_users(&self) -> bool {
+        self.info.kind == DeviceKind::Generic
+    }
+
+    /// A file of /dev/pcieipc was opened (`true`, the first one) or the last
+    /// one released (`false`): a generic device gets or loses bus mastering.
+    pub(crate) fn users_changed(&self, any: bool) {
+        if !self.mastering_follows_users() {
+            return;
+        }
+        let retired = self.retired.lock();
+        if !*retired {
+            pci_info::set_bus_master(&self.pdev, any);
+        }
+    }
+
+    /// Clears bus mastering for good (unbind, or the device failed): the
+    /// device can no longer reach memory, nor the DMA buffers about to be
+    /// freed.
+    fn retire(&self) {
+        let mut retired = self.retired.lock();
+        *retired = true;
+        pci_info::set_bus_master(&self.pdev, false);
+    }
+
+    /// Whether the device's interrupt is level-triggered INTx that the
+    /// module cannot acknowledge at the device (all kinds but edu): the
+    /// handler masks it (Interrupt Disable) and a waiter unmasks it, as VFIO
+    /// does, so a device that keeps its line asserted cannot storm.
+    fn masks_intx(&self) -> bool {
+        self.info.irq_type == uapi::PCIEIPC_IRQ_INTX && self.info.kind != DeviceKind::Edu
+    }
+
     /// Called by the hard IRQ handler of `vector`: counts the interrupt and
-    /// wakes every waiter (all of them: each checks its own vector).
-    pub(crate) fn interrupt(&self, vector: usize) {
+    /// wakes every waiter (all of them: each checks its own vector). Returns
+    /// false for a shared INTx line that this device did not assert.
+    pub(crate) fn interrupt(&self, vector: usize) -> bool {
+        if self.masks_intx() && !pci_info::check_and_mask_intx(&self.pdev) {
+            return false;
+        }
         if self.info.kind == DeviceKind::Edu {
             let status = self.acknowledge_edu();
             if let (true, Some(regs)) = (status & EDU_IRQ_DMA != 0, &self.regs) {
@@ -138,6 +185,7 @@ impl BoundDevice {
         }
         drop(events);
         self.changed.notify_all();
+        true
     }
 
     /// edu keeps its interrupt raised until the status bits are written back
@@ -174,15 +222,17 @@ impl BoundDevice {
         }
     }
 
-    /// Marks the device gone, wakes every waiter, and stops its DMA engine
-    /// (waiting for a command in flight to end). Its users' BAR windows are
-    /// the driver's to zap (`pci_driver::device_gone`).
+    /// Marks the device gone, wakes every waiter, stops its DMA engine
+    /// (waiting for a command in flight to end) and clears bus mastering.
+    /// Its users' mappings are the driver's to zap, and its DMA buffers to
+    /// free (`pci_driver::device_gone`).
     pub(crate) fn mark_gone(&self) {
         self.events.lock().state = uapi::PCIEIPC_STATE_GONE;
         self.changed.notify_all();
         if let Some(regs) = &self.regs {
             self.edu_dma.close(regs);
         }
+        self.retire();
     }
 
     /// A PCI error was reported (error recovery begins) or a reset begins:
@@ -242,6 +292,15 @@ impl BoundDevice {
         };
         let mut events = self.events.lock();
         let errors = events.errors;
+        // The waiter has seen every interrupt so far: a masked INTx line may
+        // fire again. One that is still asserted is an interrupt at once.
+        if self.masks_intx()
+            && events.state == uapi::PCIEIPC_STATE_BOUND
+            && events.counts[vector] <= last_seen
+            && !pci_info::check_and_unmask_intx(&self.pdev)
+        {
+            events.counts[vector] += 1;
+        }
         loop {
             state_errno(events.state)?;
             if events.errors != errors {

@@ -17,6 +17,7 @@ use crate::{
     bar_mmap, device_ioctls,
     dma_ioctls::{self, DmaFile},
     fault::{self, FaultState},
+    mappings,
     poll::{self, Poll},
     registry,
     uapi::{self, ArgszArg},
@@ -58,16 +59,23 @@ impl MiscDevice for PcieIpcFile {
     fn open(file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let fault = fault::state()?;
         let cursor = fault.events.first_cursor();
+        let id = mappings::attach(file)?;
         let me = KBox::pin_init(
             try_pin_init!(PcieIpcFile {
-                dma <- new_mutex!(DmaFile::new()),
+                dma <- new_mutex!(DmaFile::new(id)),
                 fault,
                 event_cursor <- new_mutex!(cursor),
             }),
             GFP_KERNEL,
         )?;
         poll::install::<Self>(file);
+        registry::file_opened();
         Ok(me)
+    }
+
+    fn release(me: Pin<KBox<Self>>, file: &File) {
+        mappings::release(file, me.dma.lock().id());
+        registry::file_released();
     }
 
     fn ioctl(me: Pin<&PcieIpcFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {

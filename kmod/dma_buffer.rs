@@ -1,19 +1,25 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Coherent DMA buffers allocated from an ioctl, and their mmap.
+//! Coherent DMA buffers allocated from an ioctl.
 //!
 //! 7.3's `dma::Coherent` needs a `&Device<Bound>` at allocation, which an
 //! ioctl (a 'static context) does not have; the buffer only needs the
 //! `struct device` alive, which an `ARef` guarantees. This file is the one
-//! place that calls `dma_alloc_attrs`/`dma_free_attrs`/`dma_mmap_attrs`.
+//! place that calls `dma_alloc_attrs`/`dma_free_attrs`, and that finds the
+//! page frames of a buffer for its userspace mapping (user_mapping.rs maps
+//! them at fault time).
 
 use core::ptr::NonNull;
 
-use kernel::{
-    bindings, io::Io, mm::virt::VmaNew, page::PAGE_SIZE, pci, prelude::*, sync::aref::ARef,
-};
+use kernel::{bindings, io::Io, page::PAGE_SIZE, pci, prelude::*, sync::aref::ARef};
 
 use crate::pci_info::raw_device;
+
+extern "C" {
+    /// The page frame behind an address `dma_alloc_attrs` returned
+    /// (helpers.c).
+    fn pcieipc_kernel_address_pfn(addr: *const core::ffi::c_void) -> core::ffi::c_ulong;
+}
 
 /// A zeroed coherent buffer of one device.
 pub(crate) struct DmaBuffer {
@@ -148,38 +154,25 @@ impl DmaBuffer {
         Ok(())
     }
 
-    /// Maps the buffer from `offset` into `vma`, whose length the caller
-    /// checked against the buffer's size.
-    pub(crate) fn mmap(&self, vma: &VmaNew, offset: usize) -> Result {
-        let len = vma.end() - vma.start();
-        if !self.contains(offset as u64, len as u64) {
-            return Err(EINVAL);
+    /// The page frame of the page at `offset` (page aligned) inside the
+    /// buffer, for a fault of its userspace mapping.
+    pub(crate) fn page_frame(&self, offset: u64) -> Option<u64> {
+        if !self.contains(offset, PAGE_SIZE as u64) {
+            return None;
         }
-        vma.set_dontcopy();
-        // SAFETY: `vma` is a VMA under construction; dma_mmap_attrs takes the
-        // page offset into the buffer from `vm_pgoff`, which held the
-        // module's encoded offset until now; the buffer outlives the mapping
-        // (it belongs to the file, which the mapping holds open).
-        let ret = unsafe {
-            let raw = vma.as_ptr();
-            (*raw).vm_pgoff = offset / PAGE_SIZE;
-            bindings::dma_mmap_attrs(
-                raw_device(&self.dev),
-                raw,
-                self.cpu.as_ptr().cast(),
-                self.bus,
-                self.size,
-                0,
-            )
-        };
-        kernel::error::to_result(ret)
+        // SAFETY: `offset + PAGE_SIZE <= size` (checked above): the address
+        // lies inside the allocation that `dma_alloc_attrs` returned.
+        let pfn =
+            unsafe { pcieipc_kernel_address_pfn(self.cpu.as_ptr().add(offset as usize).cast()) };
+        Some(pfn)
     }
 }
 
 impl Drop for DmaBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `alloc` with these arguments; no mapping or
-        // transfer refers to it any more (both hold the buffer alive).
+        // SAFETY: allocated in `alloc` with these arguments; no transfer
+        // refers to it any more (a transfer holds the buffer alive), and its
+        // owner zapped every userspace mapping of it first (mappings.rs).
         unsafe {
             bindings::dma_free_attrs(
                 raw_device(&self.dev),

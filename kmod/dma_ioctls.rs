@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! DMA_ALLOC, DMA_COPY, DMA_WAIT and the mmap of DMA buffers. Buffers and
-//! tickets belong to the open file: a buffer is freed when the file is
-//! released, which happens only after its last mapping is gone, and a copy
-//! in flight holds its two buffers itself.
+//! tickets belong to the open file. A buffer lives in the module's table
+//! (mappings.rs) and is freed when its file is released or when its device
+//! goes, after its pages are zapped; a copy in flight holds its two buffers
+//! itself.
 
 use kernel::{mm::virt::VmaNew, prelude::*, sync::Arc};
 
@@ -11,8 +12,10 @@ use crate::{
     capability::require_sys_admin,
     dma_buffer::DmaBuffer,
     dma_engine::{CpuEngine, Ticket, Transfer},
+    mappings::{self, DmaWindows},
     registry,
     uapi::{self, ArgszArg},
+    user_mapping,
 };
 
 /// Uncollected tickets per file, at most.
@@ -20,29 +23,29 @@ const MAX_TICKETS: usize = 64;
 
 /// The DMA state of one open file.
 pub(crate) struct DmaFile {
-    /// Buffer handle = position.
-    buffers: KVec<Arc<DmaBuffer>>,
+    /// The file's id in the module's buffer table.
+    file: u64,
     tickets: KVec<(u64, Arc<Ticket>)>,
     next_ticket: u64,
 }
 
 impl DmaFile {
-    pub(crate) const fn new() -> Self {
+    pub(crate) const fn new(file: u64) -> Self {
         Self {
-            buffers: KVec::new(),
+            file,
             tickets: KVec::new(),
             next_ticket: 1,
         }
     }
 
-    fn buffer(&self, handle: u32) -> Result<Arc<DmaBuffer>> {
-        self.buffers.get(handle as usize).cloned().ok_or(ENOENT)
+    /// The file's id in the module's buffer table.
+    pub(crate) fn id(&self) -> u64 {
+        self.file
     }
-}
 
-/// The mmap offset of buffer `handle`.
-fn mmap_offset(handle: u32) -> u64 {
-    uapi::PCIEIPC_MMAP_DMA | (u64::from(handle) << uapi::PCIEIPC_MMAP_BAR_SHIFT)
+    fn buffer(&self, handle: u32) -> Result<Arc<DmaBuffer>> {
+        mappings::buffer(self.file, handle)
+    }
 }
 
 /// `PCIEIPC_IOC_DMA_ALLOC`.
@@ -58,19 +61,13 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
     require_sys_admin()?;
     let device = registry::get(request.device)?;
     device.check_usable()?;
-    let mut file = file.lock();
-    if file.buffers.len() >= uapi::PCIEIPC_DMA_MAX_BUFFERS as usize {
-        return Err(ENOSPC);
-    }
+    let owner = file.lock().id();
     let buffer = DmaBuffer::alloc(device.pdev.clone(), device.index, request.size as usize)?;
-    let handle = file.buffers.len() as u32;
-    arg.value.buffer = handle;
     arg.value.size = buffer.size() as u64;
     arg.value.bus_addr = buffer.bus_addr();
-    arg.value.mmap_offset = mmap_offset(handle);
-    file.buffers
-        .push(Arc::new(buffer, GFP_KERNEL)?, GFP_KERNEL)?;
-    drop(file);
+    let handle = mappings::add_buffer(owner, &device, buffer)?;
+    arg.value.buffer = handle;
+    arg.value.mmap_offset = mappings::dma_mmap_offset(handle);
     arg.write_back()?;
     Ok(0)
 }
@@ -187,9 +184,10 @@ pub(crate) fn wait(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
 /// privileged process may be passed to, or kept by, one that is not.
 pub(crate) fn mmap(file: &kernel::sync::Mutex<DmaFile>, vma: &VmaNew, offset: u64) -> Result {
     require_sys_admin()?;
-    let within = offset & !uapi::PCIEIPC_MMAP_DMA;
-    let handle = u32::try_from(within >> uapi::PCIEIPC_MMAP_BAR_SHIFT).map_err(|_| EINVAL)?;
-    let in_buffer = within & ((1u64 << uapi::PCIEIPC_MMAP_BAR_SHIFT) - 1);
+    let (handle, in_buffer) = mappings::decode_dma_offset(offset)?;
     let buffer = file.lock().buffer(handle)?;
-    buffer.mmap(vma, in_buffer as usize)
+    if !buffer.contains(in_buffer, (vma.end() - vma.start()) as u64) {
+        return Err(EINVAL);
+    }
+    user_mapping::install_fault_handler::<DmaWindows>(vma)
 }

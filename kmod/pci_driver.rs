@@ -4,11 +4,12 @@
 //! any device handed to it through `new_id` or `driver_override` (a generic
 //! device: BARs and interrupts, CPU copies).
 //!
-//! Probe enables memory space and bus mastering, maps the register BAR of the
+//! Probe enables memory space and bus mastering (a generic device's only
+//! while /dev/pcieipc is open), maps the register BAR of the
 //! kinds the module drives, allocates interrupt vectors with a counting
 //! handler on each, and publishes the device in the registry; unbind marks it
-//! gone, which wakes its waiters with `ENODEV`, zaps its BAR windows and
-//! clears bus mastering. Its PCI error handlers are in recovery.rs. A device
+//! gone, which wakes its waiters with `ENODEV`, clears bus mastering, zaps
+//! its BAR windows and frees its DMA buffers. Its PCI error handlers are in recovery.rs. A device
 //! in a PCI domain above 0xffff is refused: `PCIEIPC_BDF` cannot name it.
 
 use kernel::{
@@ -26,7 +27,7 @@ use crate::{
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, MAX_VECTORS},
     fault,
     irq_vectors::IrqVectors,
-    link,
+    link, mappings,
     pci_function::PciFunction,
     pci_info::{self, MappedBar},
     registry, uapi,
@@ -55,8 +56,11 @@ pub(crate) struct VectorHandler {
 
 impl irq::Handler for VectorHandler {
     fn handle(&self) -> IrqReturn {
-        self.device.interrupt(self.vector);
-        IrqReturn::Handled
+        if self.device.interrupt(self.vector) {
+            IrqReturn::Handled
+        } else {
+            IrqReturn::None
+        }
     }
 }
 
@@ -86,7 +90,11 @@ impl pci::Driver for PcieIpcDriver {
             return Err(EOPNOTSUPP);
         };
         pdev.enable_device_mem()?;
-        pdev.set_master();
+        // A generic device masters the bus only while /dev/pcieipc is open
+        // (`registry::add`, `BoundDevice::users_changed`).
+        if kind != DeviceKind::Generic {
+            pdev.set_master();
+        }
         if kind == DeviceKind::Edu {
             // edu's DMA engine addresses 32 bits (and the testbed kernel has
             // no ZONE_DMA for smaller masks).
@@ -189,20 +197,19 @@ impl pci::Driver for PcieIpcDriver {
         })
     }
 
-    fn unbind<'bound>(pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
+    fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
         device_gone(&this.device);
-        // Gone stopped the DMA engine; userspace was given bus addresses of
-        // DMA buffers that outlive the binding: the device must no longer
-        // reach them (nor anything the memory is reused for).
-        pci_info::clear_bus_master(pdev);
         fault::device_removed(this.device.info.bdf);
     }
 }
 
-/// Marks `device` gone (its waiters fail with ENODEV, its DMA engine stops)
-/// and zaps its BAR windows in every process. Unbind and a permanent PCI
-/// error both end here.
+/// Marks `device` gone (its waiters fail with ENODEV, its DMA engine stops,
+/// bus mastering is cleared), zaps its BAR windows in every process, and
+/// frees its DMA buffers after zapping their mappings: nothing of the device
+/// stays reachable from userspace, and its memory is freed while the device
+/// is still bound. Unbind and a permanent PCI error both end here.
 pub(crate) fn device_gone(device: &BoundDevice) {
     device.mark_gone();
     bar_mmap::zap_device(device.index);
+    mappings::device_gone(device.index);
 }

@@ -2,8 +2,8 @@
 
 //! What the module needs of a bound device that 7.3's `pci::Device` does not
 //! expose: its BDF, the flags of its BARs (what LIST reports, read once at
-//! probe), the `struct device` that the DMA API takes, clearing bus mastering,
-//! and ID table entries of vendors that `pci::Vendor` cannot name. This is the one place that
+//! probe), the `struct device` that the DMA API takes, bus mastering, INTx
+//! masking, and ID table entries of vendors that `pci::Vendor` cannot name. This is the one place that
 //! reads the raw `struct pci_dev` of a bound device.
 
 use kernel::{bindings, device::Bound, io::Io, pci, prelude::*};
@@ -77,13 +77,42 @@ pub(crate) fn bdf<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -
     Some((u32::from(domain) << 16) | (u32::from(bus) << 8) | (devfn & 0xff))
 }
 
-/// Clears Bus Master Enable in `pdev`'s Command register: the device can no
-/// longer reach memory (DMA buffers outlive an unbind until their file is
-/// released).
-pub(crate) fn clear_bus_master(pdev: &pci::Device<Bound>) {
-    // SAFETY: `raw(pdev)` is the live, bound `pci_dev`; `pci_clear_master`
-    // does a config read-modify-write of its Command register.
-    unsafe { bindings::pci_clear_master(raw(pdev)) };
+/// Sets or clears Bus Master Enable in `pdev`'s Command register. The
+/// caller makes sure the device is still bound (or being unbound).
+pub(crate) fn set_bus_master<Ctx: kernel::device::DeviceContext>(
+    pdev: &pci::Device<Ctx>,
+    on: bool,
+) {
+    // SAFETY: `raw(pdev)` is a live `pci_dev` (`pdev` holds it);
+    // `pci_set_master`/`pci_clear_master` do a config read-modify-write of
+    // its Command register.
+    unsafe {
+        if on {
+            bindings::pci_set_master(raw(pdev))
+        } else {
+            bindings::pci_clear_master(raw(pdev))
+        }
+    };
+}
+
+/// Masks `pdev`'s INTx (Interrupt Disable) if the device is asserting it
+/// (PCI 2.3 Interrupt Status); returns whether it was. A device that cannot
+/// say gets `false`: its interrupt is not the module's to claim.
+pub(crate) fn check_and_mask_intx<Ctx: kernel::device::DeviceContext>(
+    pdev: &pci::Device<Ctx>,
+) -> bool {
+    // SAFETY: `raw(pdev)` is a live `pci_dev`; the function takes the PCI
+    // config lock itself and may run in hard IRQ context.
+    unsafe { bindings::pci_check_and_mask_intx(raw(pdev)) }
+}
+
+/// Unmasks `pdev`'s INTx unless the device is still asserting it; returns
+/// whether it unmasked.
+pub(crate) fn check_and_unmask_intx<Ctx: kernel::device::DeviceContext>(
+    pdev: &pci::Device<Ctx>,
+) -> bool {
+    // SAFETY: as for `check_and_mask_intx`.
+    unsafe { bindings::pci_check_and_unmask_intx(raw(pdev)) }
 }
 
 /// The BARs that hold the MSI-X table and pending-bit array: never mapped

@@ -25,6 +25,7 @@ mod events;
 mod fault;
 mod irq_vectors;
 mod link;
+mod mappings;
 mod pci_driver;
 mod pci_function;
 mod pci_info;
@@ -57,13 +58,15 @@ impl kernel::InPlaceModule for PcieIpcModule {
         pr_info!("pcieipc {} loaded\n", chardev::MODULE_VERSION);
         // SAFETY: called once, before the driver and the misc device exist.
         unsafe { registry::init() };
+        // Before the misc device: opening it needs the address space its
+        // files map through, and the event log.
         // SAFETY: as above.
-        unsafe { bar_mmap::init() };
-        // Before the misc device: opening it needs the event log.
+        let mappings = unsafe { mappings::init() };
         // SAFETY: as above.
         let fault_state = unsafe { fault::init() };
         try_pin_init!(Self {
             _: {
+                mappings?;
                 fault_state?;
             },
             _chardev <- MiscDeviceRegistration::register(MiscDeviceOptions {
@@ -77,9 +80,8 @@ impl kernel::InPlaceModule for PcieIpcModule {
 #[pinned_drop]
 impl PinnedDrop for PcieIpcModule {
     fn drop(self: Pin<&mut Self>) {
-        // The module unloads only when no file is open, so no BAR window is
-        // left to zap: the device nodes' inodes can go.
-        bar_mmap::release_inodes();
+        // The module unloads only when no file is open, so nothing is mapped.
+        mappings::exit();
         fault::exit();
     }
 }

@@ -1,19 +1,40 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Device memory mapped into userspace, and taken back.
+//! Device memory and DMA buffers mapped into userspace, and taken back.
 //!
-//! 7.3's `mm::virt` has no way to remap device memory into a VMA, to read a
-//! VMA's file offset, or to zap the pages of a file by offset in every
-//! process that maps it. This is the one place that does those through the
-//! raw bindings (and `pgprot_noncached`, through helpers.c).
+//! 7.3's `mm::virt` cannot map page frames from a fault handler, read a
+//! VMA's file offset, point a file at an address space of the driver's, or
+//! zap a file's pages by offset in every process. This is the one place that
+//! does those through the raw bindings (with `pgprot_noncached` from
+//! helpers.c and the pseudo filesystem of mapping_inode.c).
+//!
+//! Pages are mapped at fault time, as VFIO does: mmap only checks the
+//! request and installs the fault handler, so a page exists only in a VMA
+//! that is already linked into the file's address space, where a zap finds
+//! it. A fault asks the region's owner for the page under the lock the owner
+//! holds around a zap: the page is inserted before the zap (which then
+//! removes it) or refused (SIGBUS).
 
-use core::ptr::NonNull;
+use core::{ffi::c_void, marker::PhantomData, ptr::NonNull};
 
-use kernel::{bindings, mm::virt::VmaNew, page::PAGE_SHIFT, prelude::*};
+use kernel::{
+    bindings,
+    fs::File,
+    mm::virt::{flags, VmaNew},
+    page::PAGE_SHIFT,
+    prelude::*,
+};
 
 extern "C" {
     /// `pgprot_noncached` (helpers.c).
     fn pcieipc_pgprot_noncached(prot: bindings::pgprot_t) -> bindings::pgprot_t;
+    // `struct inode` is passed as `void *`: it holds a field of a type that
+    // bindgen leaves empty, which Rust calls unsafe to pass to C.
+    /// A new inode on the module's pseudo filesystem, or an ERR_PTR
+    /// (mapping_inode.c).
+    fn pcieipc_mapping_inode_new() -> *mut c_void;
+    /// Releases that inode and the filesystem (mapping_inode.c).
+    fn pcieipc_mapping_inode_put(inode: *mut c_void);
 }
 
 /// The file offset of `vma` (a VMA under construction), or EINVAL when it
@@ -21,86 +42,67 @@ extern "C" {
 pub(crate) fn file_offset(vma: &VmaNew) -> Result<u64> {
     // SAFETY: `vma` is a VMA under construction; `vm_pgoff` is plain data.
     let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff } as u64;
-    let offset = pgoff.checked_shl(PAGE_SHIFT as u32).ok_or(EINVAL)?;
-    if offset >> PAGE_SHIFT != pgoff {
-        return Err(EINVAL);
-    }
-    Ok(offset)
+    page_offset(pgoff).ok_or(EINVAL)
 }
 
-/// Maps the physical range `[phys, phys + len)` into all of `vma`, uncached.
-/// `remap_pfn_range` marks the VMA VM_IO | VM_PFNMAP, so the core never
-/// treats these pages as RAM.
-///
-/// # Safety
-///
-/// `[phys, phys + len)` is device memory (a memory BAR) that the caller owns
-/// for as long as the mapping can exist, page aligned, and `len` is the
-/// VMA's length.
-pub(crate) unsafe fn remap_uncached(vma: &VmaNew, phys: u64, len: usize) -> Result {
-    // SAFETY: `vma` is a VMA under construction whose pages are not mapped
-    // yet; the range is device memory the caller owns (this function's
-    // requirements).
-    let ret = unsafe {
-        let raw = vma.as_ptr();
-        (*raw).vm_page_prot = pcieipc_pgprot_noncached((*raw).vm_page_prot);
-        bindings::remap_pfn_range(
-            raw,
-            vma.start(),
-            (phys >> PAGE_SHIFT) as usize,
-            len,
-            (*raw).vm_page_prot,
-        )
-    };
-    kernel::error::to_result(ret)
+/// The byte offset of page offset `pgoff`, if it fits 64 bits.
+fn page_offset(pgoff: u64) -> Option<u64> {
+    let offset = pgoff.checked_shl(PAGE_SHIFT as u32)?;
+    (offset >> PAGE_SHIFT == pgoff).then_some(offset)
 }
 
-/// The inode of a mapped file, held (`ihold`) until dropped: its address
-/// space holds every mapping of the file, by file offset, in every process.
+/// The inode whose address space holds every mapping of the module's files
+/// (each file is attached to it at open), owned by the module.
 ///
 /// # Invariants
 ///
-/// `inode` points to an inode on which this value holds a reference.
-pub(crate) struct HeldInode {
+/// `inode` is an inode of `pcieipc_mapping_inode_new`, released only in
+/// `drop`.
+pub(crate) struct MappingInode {
     inode: NonNull<bindings::inode>,
 }
 
-// SAFETY: a held inode may be used and released from any thread.
-unsafe impl Send for HeldInode {}
-// SAFETY: `zap` and `maps` may run concurrently (the mm core locks).
-unsafe impl Sync for HeldInode {}
+// SAFETY: the inode may be used and released from any thread; `zap` and
+// `attach` only read it (the mm core locks its address space).
+unsafe impl Send for MappingInode {}
+// SAFETY: as above.
+unsafe impl Sync for MappingInode {}
 
-impl HeldInode {
-    /// The inode of the file `vma` maps, or `None` for an anonymous VMA.
-    fn inode_of(vma: &VmaNew) -> Option<NonNull<bindings::inode>> {
-        // SAFETY: `vma` is a VMA under construction; `vm_file` is plain data.
-        let file = unsafe { (*vma.as_ptr()).vm_file };
-        if file.is_null() {
-            return None;
+impl MappingInode {
+    pub(crate) fn new() -> Result<Self> {
+        // SAFETY: no requirement; the result is an inode or an ERR_PTR.
+        let inode = kernel::error::from_err_ptr(unsafe { pcieipc_mapping_inode_new() })?;
+        let inode = inode.cast::<bindings::inode>();
+        // INVARIANT: a new inode, released in `drop`.
+        Ok(Self {
+            inode: NonNull::new(inode).ok_or(ENOMEM)?,
+        })
+    }
+
+    /// Makes `file` (being opened) map through this inode's address space.
+    pub(crate) fn attach(&self, file: &File) {
+        // SAFETY: `file` is being opened, so no other thread uses it yet
+        // (VFIO sets f_mapping at open the same way); the inode is live
+        // (invariant), and so is its address space.
+        unsafe { (*file.as_ptr()).f_mapping = (*self.inode.as_ptr()).i_mapping };
+    }
+
+    /// Points `file` (being released: none of its mappings is left) back at
+    /// its own inode's address space, before this inode may go.
+    pub(crate) fn detach(file: &File) {
+        // SAFETY: `file` is being released, so no other thread uses it; its
+        // own inode lives as long as the file.
+        unsafe {
+            let raw = file.as_ptr();
+            (*raw).f_mapping = (*(*raw).f_inode).i_mapping;
         }
-        // SAFETY: the file of a VMA under construction is open for the call,
-        // and an open file's mapping and its host inode are live.
-        NonNull::new(unsafe { (*(*file).f_mapping).host })
-    }
-
-    /// Holds the inode of the file `vma` maps.
-    pub(crate) fn hold(vma: &VmaNew) -> Result<Self> {
-        let inode = Self::inode_of(vma).ok_or(EINVAL)?;
-        // SAFETY: `inode` is live (above); the reference is released in `drop`.
-        unsafe { bindings::ihold(inode.as_ptr()) };
-        // INVARIANT: the reference was just taken.
-        Ok(Self { inode })
-    }
-
-    /// Whether `vma` maps this inode's file.
-    pub(crate) fn maps(&self, vma: &VmaNew) -> bool {
-        Self::inode_of(vma) == Some(self.inode)
     }
 
     /// Unmaps the pages at file offsets `[start, start + len)` in every
-    /// process; a later access faults (SIGBUS: no `fault` handler).
+    /// process; a later access faults in again (and is refused if the
+    /// region's owner no longer has the page).
     pub(crate) fn zap(&self, start: u64, len: u64) {
-        // SAFETY: the inode is held (invariant), so its address space lives.
+        // SAFETY: the inode is live (invariant), so its address space lives.
         unsafe {
             bindings::unmap_mapping_range(
                 (*self.inode.as_ptr()).i_mapping,
@@ -112,9 +114,103 @@ impl HeldInode {
     }
 }
 
-impl Drop for HeldInode {
+impl Drop for MappingInode {
     fn drop(&mut self) {
-        // SAFETY: this value holds one reference (invariant), released once.
-        unsafe { bindings::iput(self.inode.as_ptr()) };
+        // SAFETY: the inode of `new` (invariant), released once.
+        unsafe { pcieipc_mapping_inode_put(self.inode.as_ptr().cast()) };
     }
+}
+
+/// Where the pages of a fault-mapped region come from.
+pub(crate) trait FaultMapped {
+    /// Device memory (mapped uncached) rather than RAM.
+    const UNCACHED: bool;
+
+    /// Inserts the page at file offset `offset` (page aligned) with
+    /// `insert`, holding the lock under which the region's owner zaps it, or
+    /// fails (the access gets SIGBUS; ENOMEM: out of memory).
+    fn fault(offset: u64, insert: PageInsert<'_>) -> Result<Inserted>;
+}
+
+/// The one page a fault may insert.
+pub(crate) struct PageInsert<'fault> {
+    vma: *mut bindings::vm_area_struct,
+    address: usize,
+    _fault: PhantomData<&'fault bindings::vm_fault>,
+}
+
+/// What inserting a page returned to the mm core.
+pub(crate) struct Inserted(bindings::vm_fault_t);
+
+impl PageInsert<'_> {
+    /// Maps page frame `pfn` at the faulting address.
+    pub(crate) fn insert(self, pfn: u64) -> Inserted {
+        // SAFETY: `vma` is the faulting VMA of a fault in progress (its mmap
+        // lock is held), set up by `install_fault_handler` as VM_PFNMAP and
+        // shared; `address` is the faulting address inside it.
+        Inserted(unsafe { bindings::vmf_insert_pfn(self.vma, self.address, pfn as usize) })
+    }
+}
+
+/// The fault handler of a region of kind `T`.
+///
+/// # Safety
+///
+/// Called by the mm core with a live `vm_fault` of a VMA that
+/// `install_fault_handler::<T>` set up.
+unsafe extern "C" fn fault<T: FaultMapped>(vmf: *mut bindings::vm_fault) -> bindings::vm_fault_t {
+    // SAFETY: `vmf` is live for the call (this function's requirement).
+    let (vma, pgoff, address) = unsafe {
+        let fault = &(*vmf).__bindgen_anon_1;
+        (fault.vma, fault.pgoff, fault.address)
+    };
+    let Some(offset) = page_offset(pgoff as u64) else {
+        return bindings::vm_fault_reason_VM_FAULT_SIGBUS;
+    };
+    let insert = PageInsert {
+        vma,
+        address,
+        _fault: PhantomData,
+    };
+    match T::fault(offset, insert) {
+        Ok(Inserted(code)) => code,
+        Err(e) if e == ENOMEM => bindings::vm_fault_reason_VM_FAULT_OOM,
+        Err(_) => bindings::vm_fault_reason_VM_FAULT_SIGBUS,
+    }
+}
+
+struct FaultOps<T>(PhantomData<T>);
+
+impl<T: FaultMapped> FaultOps<T> {
+    const OPS: bindings::vm_operations_struct = bindings::vm_operations_struct {
+        fault: Some(fault::<T>),
+        // SAFETY: all-zero is a valid `vm_operations_struct`: every other
+        // callback absent.
+        ..unsafe { core::mem::zeroed() }
+    };
+}
+
+/// Makes `vma` (a shared VMA under construction) a region of kind `T`:
+/// VM_IO | VM_PFNMAP (the core never treats its pages as RAM it manages),
+/// not expandable by mremap, not copied on fork, not dumped; its pages come
+/// from `T::fault`.
+pub(crate) fn install_fault_handler<T: FaultMapped>(vma: &VmaNew) -> Result {
+    // vmf_insert_pfn refuses copy-on-write mappings of VM_PFNMAP VMAs.
+    if vma.flags() & flags::SHARED == 0 {
+        return Err(EINVAL);
+    }
+    let set = flags::IO | flags::PFNMAP | flags::DONTEXPAND | flags::DONTCOPY | flags::DONTDUMP;
+    // SAFETY: `vma` is under construction, not yet visible to any other
+    // thread (`VmaNew` is `!Sync`): writing its flags, protection and
+    // operations is not a race; the flags set are the ones
+    // `remap_pfn_range` sets, and the operations are 'static.
+    unsafe {
+        let raw = vma.as_ptr();
+        (*raw).__bindgen_anon_2.vm_flags |= set;
+        if T::UNCACHED {
+            (*raw).vm_page_prot = pcieipc_pgprot_noncached((*raw).vm_page_prot);
+        }
+        (*raw).vm_ops = &FaultOps::<T>::OPS;
+    }
+    Ok(())
 }

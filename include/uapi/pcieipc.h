@@ -258,7 +258,8 @@ struct pcieipc_ring {
 /*
  * mmap offset of DMA buffer `buffer` (a handle of DMA_ALLOC):
  * PCIEIPC_MMAP_DMA | (buffer << PCIEIPC_MMAP_BAR_SHIFT) | offset_in_buffer.
- * DMA_ALLOC reports it. Only the file that allocated a buffer maps it.
+ * DMA_ALLOC reports it. Only the file that allocated a buffer maps it;
+ * handles are never reused while the module is loaded.
  */
 #define PCIEIPC_MMAP_DMA (1ull << 62)
 
@@ -268,12 +269,14 @@ struct pcieipc_ring {
 
 /*
  * PCIEIPC_IOC_DMA_ALLOC: a coherent DMA buffer for device `device`, zeroed,
- * owned by this open file: freed when the file is released (after its last
- * mapping is gone), so a mapping never outlives its memory. Needs
- * CAP_SYS_ADMIN. In: argsz, flags (0), device, size (> 0, <=
+ * owned by this open file: freed when the file is released, or when the
+ * device goes (unbind, removal, a permanent error) after its mappings are
+ * zapped (a later access gets SIGBUS), so a mapping never outlives its
+ * memory. Needs CAP_SYS_ADMIN. In: argsz, flags (0), device, size (> 0, <=
  * PCIEIPC_DMA_MAX_SIZE; rounded up to pages). Out: buffer (handle), size,
  * bus_addr (the address the device uses), mmap_offset.
- * Errors: ENOSPC (PCIEIPC_DMA_MAX_BUFFERS reached), ENOMEM, ENODEV, ENOENT,
+ * Errors: ENOSPC (PCIEIPC_DMA_MAX_BUFFERS reached, or the module's 2^22
+ * handles used up), ENOMEM, ENODEV, ENOENT,
  * EINVAL, EPERM.
  */
 struct pcieipc_dma_alloc {

@@ -94,6 +94,9 @@ pub enum EndpointKind {
     Edu,
     /// QEMU's pci-testdev (1b36:0005).
     PciTestdev,
+    /// QEMU's e1000 (8086:100e): a conventional NIC whose only interrupt is
+    /// level-triggered INTx, raised through its registers in BAR0.
+    E1000,
 }
 
 impl EndpointKind {
@@ -102,6 +105,7 @@ impl EndpointKind {
             EndpointKind::IvshmemDoorbell => "ivshmem-doorbell",
             EndpointKind::Edu => "edu",
             EndpointKind::PciTestdev => "pci-testdev",
+            EndpointKind::E1000 => "e1000",
         }
     }
 
@@ -111,6 +115,7 @@ impl EndpointKind {
             EndpointKind::IvshmemDoorbell => "1af4:1110",
             EndpointKind::Edu => "1234:11e8",
             EndpointKind::PciTestdev => "1b36:0005",
+            EndpointKind::E1000 => "8086:100e",
         }
     }
 }

@@ -19,6 +19,8 @@ mod dma;
 mod events;
 #[path = "guest/fuzz.rs"]
 mod fuzz;
+#[path = "guest/mappings.rs"]
+mod mappings;
 #[path = "guest/pingpong.rs"]
 mod pingpong;
 #[path = "guest/waits.rs"]
@@ -117,6 +119,34 @@ enum Command {
         #[arg(long)]
         go: PathBuf,
     },
+    /// Maps a BAR window through another device node (a tmpfs one).
+    MmapNode {
+        #[arg(long)]
+        node: PathBuf,
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        bar: u32,
+    },
+    /// Maps and fills a DMA buffer, then touches it again on a signal
+    /// (after its device is unbound: SIGBUS).
+    DmaTouch {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        size: u64,
+        #[arg(long)]
+        ready: PathBuf,
+        #[arg(long)]
+        go: PathBuf,
+    },
+    /// An e1000 holding its INTx line asserted is masked, not storming.
+    IntxLevel {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        bdf: String,
+    },
     /// VERSION with an ABI 0.3 binary's smaller struct is accepted.
     ArgszOld,
     /// Two readers block in read() on one file: poll answers at once and
@@ -165,6 +195,14 @@ fn main() -> ExitCode {
         Command::DmaErrors => report(dma::errors()),
         Command::DmaBar => report(dma::bar()),
         Command::CapsCheck => report(caps::run()),
+        Command::MmapNode { node, device, bar } => report(mappings::mmap_node(&node, device, bar)),
+        Command::DmaTouch {
+            device,
+            size,
+            ready,
+            go,
+        } => report(mappings::dma_touch(device, size, &ready, &go)),
+        Command::IntxLevel { device, bdf } => report(mappings::intx_level(device, &bdf)),
         Command::ArgszOld => report(abi::old_struct()),
         Command::EventsBlockedRead => report(events::blocked_read()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What userspace can map of the module: the one address space that every
+//! file of /dev/pcieipc maps through (a `MappingInode` the module owns, as
+//! VFIO owns its devices' inodes), and every DMA buffer, by key.
+//!
+//! One lock covers both. Faults insert pages under it; a device that goes
+//! and a file that is released remove their buffers and zap the pages under
+//! it. So a page is never left mapped after its memory is freed or its
+//! device is gone, whatever the order of faults, mmaps and unbinds.
+//!
+//! A buffer's key is its handle and names its mmap offset
+//! (`PCIEIPC_MMAP_DMA | key << PCIEIPC_MMAP_BAR_SHIFT`); keys are never
+//! reused while the module is loaded, so a stale handle or mapping cannot
+//! reach another file's buffer.
+
+use kernel::{fs::File, prelude::*, sync::Arc};
+
+use crate::{
+    bound_device::BoundDevice,
+    dma_buffer::DmaBuffer,
+    uapi,
+    user_mapping::{FaultMapped, Inserted, MappingInode, PageInsert},
+};
+
+const KEY_SHIFT: u32 = uapi::PCIEIPC_MMAP_BAR_SHIFT;
+/// Keys fit between the key shift and the PCIEIPC_MMAP_DMA bit.
+const KEY_LIMIT: u32 = 1 << (62 - KEY_SHIFT);
+const IN_BUFFER_MASK: u64 = (1 << KEY_SHIFT) - 1;
+
+struct DmaEntry {
+    key: u32,
+    /// The file that allocated it (`attach`'s id).
+    file: u64,
+    buffer: Arc<DmaBuffer>,
+}
+
+pub(crate) struct Mappings {
+    /// Set by `init`, dropped by `exit`.
+    inode: Option<MappingInode>,
+    buffers: KVec<DmaEntry>,
+    next_key: u32,
+    next_file: u64,
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: initialised by `init` in the module initialiser, before the
+    // misc device exists.
+    unsafe(uninit) static MAPPINGS: Mutex<Mappings> = Mappings {
+        inode: None,
+        buffers: KVec::new(),
+        next_key: 0,
+        next_file: 0,
+    };
+}
+
+/// Creates the address space.
+///
+/// # Safety
+///
+/// Called once, before any other function of this module.
+pub(crate) unsafe fn init() -> Result {
+    // SAFETY: by this function's requirement.
+    unsafe { MAPPINGS.init() };
+    MAPPINGS.lock().inode = Some(MappingInode::new()?);
+    Ok(())
+}
+
+/// Releases the address space at module unload (no file is open then, so
+/// nothing is mapped and no buffer is left).
+pub(crate) fn exit() {
+    let mut mappings = MAPPINGS.lock();
+    mappings.buffers.clear();
+    mappings.inode = None;
+}
+
+/// Makes `file` (being opened) map through the module's address space;
+/// returns the file's id, which owns its DMA buffers.
+pub(crate) fn attach(file: &File) -> Result<u64> {
+    let mut mappings = MAPPINGS.lock();
+    mappings.inode.as_ref().ok_or(ENODEV)?.attach(file);
+    let id = mappings.next_file;
+    mappings.next_file += 1;
+    Ok(id)
+}
+
+/// Frees the DMA buffers of file `id` (being released: its mappings are
+/// gone, each held the file open) and points it back at its own inode.
+pub(crate) fn release(file: &File, id: u64) {
+    let mut mappings = MAPPINGS.lock();
+    MappingInode::detach(file);
+    // A transfer still in flight holds its buffers, and frees them at its end.
+    free_buffers(&mut mappings, |entry| entry.file == id);
+}
+
+/// Zaps the file offsets `[start, start + len)` in every process. A BAR
+/// window's owner calls it after marking its device gone, and refuses the
+/// faults that follow.
+pub(crate) fn zap(start: u64, len: u64) {
+    if let Some(inode) = &MAPPINGS.lock().inode {
+        inode.zap(start, len);
+    }
+}
+
+/// Runs `f` under the lock that `zap` takes: a page `f` inserts is either
+/// inserted before a zap (which removes it) or sees the state the zap
+/// follows.
+pub(crate) fn serialized<R>(f: impl FnOnce() -> R) -> R {
+    let _mappings = MAPPINGS.lock();
+    f()
+}
+
+/// The mmap offset of DMA buffer `key`.
+pub(crate) fn dma_mmap_offset(key: u32) -> u64 {
+    uapi::PCIEIPC_MMAP_DMA | (u64::from(key) << KEY_SHIFT)
+}
+
+/// The buffer key and the offset inside it that a DMA mmap offset names.
+pub(crate) fn decode_dma_offset(offset: u64) -> Result<(u32, u64)> {
+    let within = offset & !uapi::PCIEIPC_MMAP_DMA;
+    let key = u32::try_from(within >> KEY_SHIFT).map_err(|_| EINVAL)?;
+    Ok((key, within & IN_BUFFER_MASK))
+}
+
+/// Adds a buffer of file `file` for `device`; returns its key. ENOSPC when
+/// the file has PCIEIPC_DMA_MAX_BUFFERS, or when the module has used up its
+/// keys; the device's errno when it is no longer usable (checked under the
+/// lock `device_gone` takes, so a buffer never outlives its device here).
+pub(crate) fn add_buffer(file: u64, device: &BoundDevice, buffer: DmaBuffer) -> Result<u32> {
+    let mut mappings = MAPPINGS.lock();
+    device.check_usable()?;
+    let owned = mappings.buffers.iter().filter(|e| e.file == file).count();
+    if owned >= uapi::PCIEIPC_DMA_MAX_BUFFERS as usize || mappings.next_key >= KEY_LIMIT {
+        return Err(ENOSPC);
+    }
+    let key = mappings.next_key;
+    let entry = DmaEntry {
+        key,
+        file,
+        buffer: Arc::new(buffer, GFP_KERNEL)?,
+    };
+    mappings.buffers.push(entry, GFP_KERNEL)?;
+    mappings.next_key += 1;
+    Ok(key)
+}
+
+/// Buffer `key` of file `file` (ENOENT: none, another file's, or freed
+/// because its device went).
+pub(crate) fn buffer(file: u64, key: u32) -> Result<Arc<DmaBuffer>> {
+    MAPPINGS
+        .lock()
+        .buffers
+        .iter()
+        .find(|e| e.key == key && e.file == file)
+        .map(|e| e.buffer.clone())
+        .ok_or(ENOENT)
+}
+
+/// Frees the DMA buffers of device `index` (gone: its copy engine stopped
+/// and bus mastering cleared), after zapping their pages in every process:
+/// a later access gets SIGBUS.
+pub(crate) fn device_gone(index: u32) {
+    free_buffers(&mut MAPPINGS.lock(), |entry| {
+        entry.buffer.device_index == index
+    });
+}
+
+/// Frees the buffers `which` selects, each after zapping its pages.
+fn free_buffers(mappings: &mut Mappings, which: impl Fn(&DmaEntry) -> bool) {
+    let Mappings { inode, buffers, .. } = mappings;
+    buffers.retain(|entry| {
+        let free = which(entry);
+        if let (true, Some(inode)) = (free, inode.as_ref()) {
+            inode.zap(dma_mmap_offset(entry.key), 1 << KEY_SHIFT);
+        }
+        !free
+    });
+}
+
+/// The userspace mappings of DMA buffers.
+pub(crate) struct DmaWindows;
+
+impl FaultMapped for DmaWindows {
+    const UNCACHED: bool = false;
+
+    fn fault(offset: u64, insert: PageInsert<'_>) -> Result<Inserted> {
+        let (key, in_buffer) = decode_dma_offset(offset)?;
+        let mappings = MAPPINGS.lock();
+        let entry = mappings
+            .buffers
+            .iter()
+            .find(|e| e.key == key)
+            .ok_or(EFAULT)?;
+        let pfn = entry.buffer.page_frame(in_buffer).ok_or(EFAULT)?;
+        Ok(insert.insert(pfn))
+    }
+}
