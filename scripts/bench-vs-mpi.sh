@@ -24,6 +24,9 @@
 #                                           others, and prints it beside this tree's pcieipc:
 #                                           a before/after from one run, with the same noise
 #        MIN_BYTES=65536 MAX_BYTES=268435456 the busbw sweep's range (a short trial run)
+# The header names the CPU and its caches. Exits non-zero when pcieipc's median
+# is behind MPI's anywhere: 8-byte latency (in or out of place) or busbw at any
+# size of the sweep.
 # Needs: cargo, mpicc, mpirun (apt-get install openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +64,10 @@ mpi() {
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# The CPU decides the result (its caches above all): name it and its caches.
+cache() { lscpu -C=NAME,ONE-SIZE,ALL-SIZE 2>/dev/null | awk -v level="$1" '$1 == level { print $2 " each, " $3 " in all" }'; }
 echo "# host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# caches: L1d $(cache L1d); L2 $(cache L2); L3 $(cache L3)"
 echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
 [ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version)"
 
@@ -154,6 +160,7 @@ def table(ours, theirs, title, labels=("pcieipc", "MPI")):
         print(f"{size:>12} {median(o, 1):>{w_ours}.2f} {median(m, 1):>{w_theirs}.2f} {r_oop:>6.2f} "
               f"{median(o, 3):>{w_ours - 1}.2f} {median(m, 3):>{w_theirs}.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}")
     print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
+    return worst
 
 ours8, theirs8 = pcieipc("pcieipc-8"), mpi("mpi-8")
 if baseline:
@@ -169,11 +176,17 @@ if baseline:
     columns += [(base8, 0), (base8, 2)]
 print(header)
 print(f"{'8 B':>12} " + "  ".join(f"{median(runs[8], at):>7.2f} ({best(runs[8], at):.2f})" for runs, at in columns))
+# The gate: pcieipc's median 8-byte latency no higher than MPI's, in and out
+# of place; the busbw gate follows the busbw table.
+behind = [f"8 B {kind}: {median(ours8[8], at):.2f} us against {median(theirs8[8], at):.2f}"
+          for kind, at in (("out of place", 0), ("in place", 2)) if median(ours8[8], at) > median(theirs8[8], at)]
 
 theirs = mpi("mpi")
 ours = pcieipc("pcieipc")
-table(ours, theirs,
-      f"busbw (GB/s), float sum, 2 ranks, median of {repeat} alternating runs; ratio = pcieipc / MPI")
+worst = table(ours, theirs,
+              f"busbw (GB/s), float sum, 2 ranks, median of {repeat} alternating runs; ratio = pcieipc / MPI")
+if worst < 1.0:
+    behind.append(f"busbw: lowest median ratio {worst:.2f}")
 if baseline:
     base = pcieipc("baseline", "baseline")
     table(base, theirs, "the baseline's busbw, same runs; ratio = baseline / MPI", ("baseline", "MPI"))
@@ -184,6 +197,9 @@ if relay:
     print(f"\n# pcieipc --single-copy off, 8 B (us): {median(relay8[8], 0):.2f} / {median(relay8[8], 2):.2f}")
     table(pcieipc("relay"), theirs,
           "pcieipc --single-copy off (the ring and its relay slots only), same runs; ratio = relay / MPI")
+if behind:
+    print("\n# FAILED: pcieipc's median is behind MPI's: " + "; ".join(behind))
+    open(f"{work}/behind", "w").write("\n".join(behind))
 EOF
 
 echo
@@ -195,3 +211,5 @@ if [ -n "$BASELINE" ]; then
     echo "# baseline, as configured:"
     "$BASELINE" bench --nranks 2 --late-peer-ms "$LATE_MS"
 fi
+# Behind MPI anywhere: the run fails, so a regression cannot pass unseen.
+[ ! -e "$work/behind" ]
