@@ -2,8 +2,11 @@
 # The GPU tests: the CUDA transport on a real GPU (tests/cuda.rs: every dtype ×
 # op against the CPU reference with 2 and 4 ranks, a killed rank, mismatched
 # calls, the host-staged path, registered buffers, 1,000 communicators without
-# leaking device memory) and `pcieipc bench --transport cuda` with 2 and 4
-# ranks, results checked. Several ranks share GPU 0.
+# leaking device memory; the GPU hand-off forced: every dtype × op through
+# each algorithm, stream-ordered calls and CUDA graph replay, a killed rank
+# named within the timeout) and `pcieipc bench --transport cuda` with 2 and 4
+# ranks (and 2 on the GPU hand-off), results checked. Several ranks share
+# GPU 0.
 #
 #   scripts/test-gpu.sh              build here, then run here (needs cargo and a GPU)
 #   scripts/test-gpu.sh build DIR    build only, into DIR (a machine without a GPU)
@@ -41,6 +44,9 @@ run() {
         "$dir/pcieipc" bench --transport cuda --nranks "$nranks" --gpus "${gpus%,}" \
             -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
     done
+    log "pcieipc bench --transport cuda --handoff gpu, 2 ranks on GPU 0 (forced: they are time-sliced), results checked"
+    "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu \
+        -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
     if [ "$failed" = 0 ]; then echo "GPU tests: PASSED"; else echo "GPU tests: FAILED"; fi
     [ "$failed" = 0 ]
 }

@@ -40,6 +40,27 @@ pub trait Collective {
         buffer: &mut Self::Buffer<T>,
         op: ReduceOp,
     ) -> anyhow::Result<()>;
+    /// Starts an all_reduce that `wait_queued` ends: queued on a stream where
+    /// the communicator can queue calls, else done before it returns.
+    fn queue_all_reduce<T: Element + Default>(
+        &mut self,
+        input: &Self::Buffer<T>,
+        output: &mut Self::Buffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        self.all_reduce(input, output, op)
+    }
+    fn queue_all_reduce_in_place<T: Element + Default>(
+        &mut self,
+        buffer: &mut Self::Buffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        self.all_reduce_in_place(buffer, op)
+    }
+    /// Waits for every queued call.
+    fn wait_queued(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 impl Collective for Communicator {
@@ -149,8 +170,13 @@ impl Collective for CudaCommunicator {
             },
             DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
         };
+        let handoff = if self.hands_off_on_gpu() {
+            "hand-off on the GPU (calls queued on a stream)"
+        } else {
+            "hand-off on the host after every step"
+        };
         format!(
-            "transport cuda, GPU {}, {path}, context {:.1} ms (not in init)",
+            "transport cuda, GPU {}, {path}, {handoff}, context {:.1} ms (not in init)",
             self.gpu().ordinal(),
             self.gpu().context_time().as_secs_f64() * 1e3
         )
@@ -198,5 +224,34 @@ impl Collective for CudaCommunicator {
         op: ReduceOp,
     ) -> anyhow::Result<()> {
         Ok(CudaCommunicator::all_reduce_in_place(self, buffer, op)?)
+    }
+
+    fn queue_all_reduce<T: Element + Default>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        if !self.hands_off_on_gpu() {
+            return Collective::all_reduce(self, input, output, op);
+        }
+        let stream = self.gpu().stream_handle();
+        Ok(self.all_reduce_on_stream(input, output, op, &stream)?)
+    }
+
+    fn queue_all_reduce_in_place<T: Element + Default>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> anyhow::Result<()> {
+        if !self.hands_off_on_gpu() {
+            return Collective::all_reduce_in_place(self, buffer, op);
+        }
+        let stream = self.gpu().stream_handle();
+        Ok(self.all_reduce_in_place_on_stream(buffer, op, &stream)?)
+    }
+
+    fn wait_queued(&mut self) -> anyhow::Result<()> {
+        Ok(self.wait_for_gpu()?)
     }
 }

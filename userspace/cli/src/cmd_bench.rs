@@ -8,7 +8,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, PeerRead, PeerToPeer};
+use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, Handoff, PeerRead, PeerToPeer};
 use pcieipc::engine::{
     bf16, f16, transport, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element,
     JobSecret, LinkFacts, ReduceOp, TransportOptions, SECRET_ENV,
@@ -127,6 +127,13 @@ pub struct Args {
     /// event before it sleeps on it.
     #[arg(long, value_name = "US")]
     gpu_poll_us: Option<u64>,
+    /// With --transport cuda: where ranks hand over: `gpu` (flags in each
+    /// other's memory, one kernel per call, calls queued on a stream and
+    /// timed as nccl-tests does: N calls, then one synchronize), `host`
+    /// (ranks meet on the host after every step), `auto` (gpu when every
+    /// rank has a GPU of its own).
+    #[arg(long, value_name = "auto|gpu|host", default_value = "auto", value_parser = ["auto", "gpu", "host"])]
+    handoff: String,
     /// Instead of the sweep: rank 0 waits in one 8-byte all_reduce for peers
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
@@ -352,6 +359,12 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                     gpu_poll: args
                         .gpu_poll_us
                         .map_or(defaults.gpu_poll, Duration::from_micros),
+                    handoff: match args.handoff.as_str() {
+                        "gpu" => Handoff::Gpu,
+                        "host" => Handoff::Host,
+                        _ => Handoff::Auto,
+                    },
+                    ..defaults
                 },
             )
             .with_context(joining)?;
@@ -498,6 +511,9 @@ struct Measurement {
     wrong: u64,
     /// The chunk size the last call of this size moved in (0: one-shot and direct).
     chunk_bytes: u32,
+    /// Minor page faults the ranks' processes took during the timed calls,
+    /// summed over ranks: a call that keeps faulting pages in pays per page.
+    page_faults: u64,
 }
 
 impl Measurement {
@@ -508,6 +524,7 @@ impl Measurement {
             "busbw_gb_s": self.busbw_gb_s,
             "wrong": self.wrong,
             "chunk_bytes": self.chunk_bytes,
+            "page_faults": self.page_faults,
         })
     }
 }
@@ -530,6 +547,13 @@ fn measure<C: Collective, T: BenchElement>(
             comm.all_reduce(&input, output, op)
         }
     };
+    let queue = |comm: &mut C, output: &mut C::Buffer<T>| {
+        if in_place {
+            comm.queue_all_reduce_in_place(output, op)
+        } else {
+            comm.queue_all_reduce(&input, output, op)
+        }
+    };
     let mut wrong = [0i64];
     if let Some(expected) = expected {
         call(comm, &mut output)?;
@@ -542,15 +566,24 @@ fn measure<C: Collective, T: BenchElement>(
         comm.host().all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
     }
     for _ in 0..args.warmup_iters {
-        call(comm, &mut output)?;
+        queue(comm, &mut output)?;
     }
+    comm.wait_queued()?;
+    let faults_before = minor_page_faults()?;
+    // As nccl-tests: the calls back to back (queued, where the communicator
+    // queues them on a stream), then one wait.
     let started = Instant::now();
     for _ in 0..args.iters {
-        call(comm, &mut output)?;
+        queue(comm, &mut output)?;
     }
+    comm.wait_queued()?;
+    let elapsed = started.elapsed();
+    let mut page_faults = [(minor_page_faults()? - faults_before) as i64];
+    comm.host()
+        .all_reduce_in_place(&mut page_faults, ReduceOp::Sum)?;
     let chunk_bytes = comm.last_call().map_or(0, |call| call.chunk_bytes);
     // nccl-tests reports the time averaged over ranks.
-    let mut seconds = [started.elapsed().as_secs_f64() / args.iters.max(1) as f64];
+    let mut seconds = [elapsed.as_secs_f64() / args.iters.max(1) as f64];
     comm.host()
         .all_reduce_in_place(&mut seconds, ReduceOp::Avg)?;
     let bytes = (count * std::mem::size_of::<T>()) as f64;
@@ -561,7 +594,15 @@ fn measure<C: Collective, T: BenchElement>(
         busbw_gb_s: algbw * 2.0 * (nranks as f64 - 1.0) / nranks as f64,
         wrong: wrong[0] as u64,
         chunk_bytes,
+        page_faults: page_faults[0] as u64,
     })
+}
+
+/// Minor page faults of this process so far.
+fn minor_page_faults() -> anyhow::Result<u64> {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .context("getrusage")?;
+    Ok(usage.minor_page_faults() as u64)
 }
 
 fn sizes(args: &Args, element_bytes: usize) -> Vec<usize> {
@@ -615,6 +656,7 @@ fn sweep<C: Collective, T: BenchElement>(
             .expect("static progress template"),
     );
     let mut rows = Vec::with_capacity(sizes.len());
+    let mut faulting = Vec::new();
     let mut total_wrong = 0;
     let mut busbw_sum = 0.0;
     for bytes in &sizes {
@@ -624,6 +666,12 @@ fn sweep<C: Collective, T: BenchElement>(
         let out_of_place = measure::<C, T>(comm, args, count, false, reference.as_deref())?;
         let in_place = measure::<C, T>(comm, args, count, true, reference.as_deref())?;
         total_wrong += out_of_place.wrong + in_place.wrong;
+        if out_of_place.page_faults + in_place.page_faults > 0 {
+            faulting.push(format!(
+                "{bytes} B: {}/{}",
+                out_of_place.page_faults, in_place.page_faults
+            ));
+        }
         busbw_sum += out_of_place.busbw_gb_s + in_place.busbw_gb_s;
         if leader && !args.json {
             progress.suspend(|| {
@@ -678,6 +726,14 @@ fn sweep<C: Collective, T: BenchElement>(
                 if total_wrong == 0 { "OK" } else { "FAILED" }
             );
             println!("# Avg bus bandwidth    : {avg_busbw:.4}");
+            // Faults in the timed calls cost per page: the warm-up did not
+            // bring every page the calls touch in.
+            if !faulting.is_empty() {
+                println!(
+                    "# Page faults in timed calls (all ranks, out-of-place/in-place): {}",
+                    faulting.join(", ")
+                );
+            }
         }
     }
     Ok(if total_wrong > 0 {

@@ -1,7 +1,10 @@
 //! The CUDA transport on a real GPU: every dtype × op against the CPU
 //! reference, a killed rank, mismatched calls, the host-staged path,
 //! registered buffers, and 1,000 communicators without leaking device
-//! memory. Several ranks share GPU 0 (the GPU machines lent have one).
+//! memory; the same for the GPU hand-off (forced: ranks on one GPU would
+//! otherwise hand over on the host), with stream-ordered calls and CUDA
+//! graph replay. Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
+//! how many GPUs to spread them over.
 //! Built only with `--features gpu-tests`; run by `make test-gpu`.
 
 mod engine_support;
@@ -13,7 +16,7 @@ use engine_support::{
     assert_only_victim_killed, describe, role, run_ranks, spawn_ranks, wait_ranks, Role,
 };
 use pcieipc::engine::cuda::{
-    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, PeerRead, PeerToPeer,
+    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, Handoff, PeerRead, PeerToPeer,
 };
 use pcieipc::engine::{
     bf16, f16, Algorithm, AlgorithmChoice, CommOptions, Communicator, DType, Element, EngineError,
@@ -34,8 +37,17 @@ fn options(algorithm: AlgorithmChoice) -> CudaOptions {
     }
 }
 
+/// The GPU of `rank`: GPU 0, or rank mod PCIEIPC_TEST_GPUS.
+fn gpu_of(rank: usize) -> usize {
+    std::env::var("PCIEIPC_TEST_GPUS")
+        .ok()
+        .and_then(|gpus| gpus.parse::<usize>().ok())
+        .filter(|gpus| *gpus > 0)
+        .map_or(0, |gpus| rank % gpus)
+}
+
 fn join(role: &Role, suffix: &str, options: CudaOptions) -> CudaCommunicator {
-    let gpu = Gpu::open(0).expect("open GPU 0");
+    let gpu = Gpu::open(gpu_of(role.rank)).expect("open the rank's GPU");
     CudaCommunicator::init(
         &format!("{}-{suffix}", role.rendezvous),
         role.rank,
@@ -524,4 +536,235 @@ fn a_thousand_communicators_leak_no_device_memory() {
             "free device memory fell from {before} to {after} B over 1,000 communicators"
         );
     }
+}
+
+fn handoff_options(algorithm: AlgorithmChoice) -> CudaOptions {
+    CudaOptions {
+        handoff: Handoff::Gpu,
+        ..options(algorithm)
+    }
+}
+
+/// Every dtype × op at the sizes of the acceptance list, in and out of
+/// place, on the GPU hand-off: by the automatic choice, and with one-shot
+/// (up to one window) and direct (two-shot) forced.
+fn every_dtype_and_op_on_the_gpu_handoff(role: Role) {
+    let mut auto = join(&role, "h-auto", handoff_options(AlgorithmChoice::Auto));
+    let mut one_shot = join(
+        &role,
+        "h-one-shot",
+        handoff_options(AlgorithmChoice::Fixed(Algorithm::OneShot)),
+    );
+    let mut direct = join(
+        &role,
+        "h-direct",
+        handoff_options(AlgorithmChoice::Fixed(Algorithm::Direct)),
+    );
+    assert!(auto.hands_off_on_gpu(), "the GPU hand-off was forced");
+    let window = CudaOptions::default().handoff_window;
+    let mut failures = Vec::new();
+    for dtype in DType::ALL {
+        let element = dtype.size_bytes();
+        let counts = [
+            0,
+            1,
+            role.nranks - 1,
+            role.nranks + 1,
+            7919,
+            (1 << 20) + 3,
+            (256 << 20) / element,
+        ];
+        for op in ReduceOp::ALL {
+            for &count in &counts {
+                for (name, comm) in [("auto", &mut auto), ("direct", &mut direct)] {
+                    if let Err(failure) = check_dtype(comm, dtype, count, op) {
+                        failures.push(format!("{name}: {failure}"));
+                    }
+                }
+                if count * element <= window {
+                    if let Err(failure) = check_dtype(&mut one_shot, dtype, count, op) {
+                        failures.push(format!("one-shot: {failure}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "rank {}: {} failures:\n{}",
+        role.rank,
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gpu_handoff_every_dtype_and_op_with_2_ranks() {
+    run_ranks(
+        "gpu_handoff_every_dtype_and_op_with_2_ranks",
+        2,
+        LIMIT,
+        every_dtype_and_op_on_the_gpu_handoff,
+    );
+}
+
+/// Rank `rank`'s input of call `call`: small integers, exact in f32.
+fn call_input(rank: usize, call: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| ((rank * 7 + call * 3 + i) % 61) as f32)
+        .collect()
+}
+
+fn call_expected(nranks: usize, call: usize, count: usize) -> Vec<f32> {
+    (0..count)
+        .map(|i| {
+            (0..nranks)
+                .map(|rank| ((rank * 7 + call * 3 + i) % 61) as f32)
+                .sum()
+        })
+        .collect()
+}
+
+/// Calls queued back to back on a stream of the caller's with no host wait
+/// between them, then the same calls captured in a CUDA graph and replayed
+/// with new inputs: every result checked.
+fn stream_order_and_graph_replay(role: Role) {
+    let mut comm = join(&role, "h-stream", handoff_options(AlgorithmChoice::Auto));
+    let gpu = comm.gpu().clone();
+    let stream = gpu.new_stream().expect("a stream");
+    // One-shot and two-shot sizes, mixed.
+    let counts = [1usize, 4099, 3 << 20, 8, 1 << 20, 5];
+    let mut outputs: Vec<DeviceBuffer<f32>> = counts
+        .iter()
+        .map(|&count| DeviceBuffer::zeroed(&gpu, count).unwrap())
+        .collect();
+    let upload = |round: usize| -> Vec<DeviceBuffer<f32>> {
+        counts
+            .iter()
+            .enumerate()
+            .map(|(call, &count)| {
+                DeviceBuffer::from_host(&gpu, &call_input(role.rank, round * 10 + call, count))
+                    .unwrap()
+            })
+            .collect()
+    };
+    let check = |outputs: &[DeviceBuffer<f32>], round: usize, what: &str| {
+        for (call, output) in outputs.iter().enumerate() {
+            let want = call_expected(role.nranks, round * 10 + call, counts[call]);
+            assert!(
+                output.to_host().unwrap() == want,
+                "rank {}: {what}: call {call} ({} elements) wrong",
+                role.rank,
+                counts[call]
+            );
+        }
+    };
+    let inputs = upload(0);
+    for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
+        comm.all_reduce_on_stream(input, output, ReduceOp::Sum, &stream)
+            .unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert!(comm.gpu_failure().is_none(), "{:?}", comm.gpu_failure());
+    check(&outputs, 0, "stream-ordered");
+
+    // The graph reads the input buffers it was captured with: new inputs are
+    // written into them before each replay.
+    let mut inputs = upload(1);
+    stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
+        comm.all_reduce_on_stream(input, output, ReduceOp::Sum, &stream)
+            .unwrap();
+    }
+    let graph = stream
+        .end_capture(
+            cudarc::driver::sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        )
+        .unwrap()
+        .expect("a captured graph");
+    for round in 1..=4 {
+        for (call, input) in inputs.iter_mut().enumerate() {
+            input
+                .copy_from_host(&call_input(role.rank, round * 10 + call, counts[call]))
+                .unwrap();
+        }
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        assert!(comm.gpu_failure().is_none(), "{:?}", comm.gpu_failure());
+        check(&outputs, round, &format!("graph replay {round}"));
+    }
+}
+
+#[test]
+fn gpu_handoff_stream_order_and_graph_replay_with_2_ranks() {
+    run_ranks(
+        "gpu_handoff_stream_order_and_graph_replay_with_2_ranks",
+        2,
+        LIMIT,
+        stream_order_and_graph_replay,
+    );
+}
+
+#[test]
+fn gpu_handoff_killed_rank_is_named_within_the_timeout() {
+    const TEST: &str = "gpu_handoff_killed_rank_is_named_within_the_timeout";
+    const VICTIM: usize = 1;
+    let timeout = Duration::from_secs(3);
+    if let Some(role) = role() {
+        let mut comm = join(
+            &role,
+            "h-killed",
+            CudaOptions {
+                handoff_timeout: timeout,
+                ..handoff_options(AlgorithmChoice::Auto)
+            },
+        );
+        let gpu = comm.gpu().clone();
+        let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, 1 << 20).unwrap();
+        if role.rank == VICTIM {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(500));
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).expect("raise SIGKILL");
+            });
+        }
+        let (error, waited) = loop {
+            let started = Instant::now();
+            if let Err(error) = comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+                break (error, started.elapsed());
+            }
+        };
+        assert!(
+            waited < timeout + Duration::from_secs(5),
+            "noticed after {waited:?}"
+        );
+        match &error {
+            EngineError::PeerUnresponsive { rank, .. } => assert_eq!(*rank, VICTIM),
+            other => panic!("rank {}: expected rank {VICTIM} named, got {other}", role.rank),
+        }
+        // Refused from now on, at once, with the same error.
+        let started = Instant::now();
+        match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+            Err(EngineError::PeerUnresponsive { rank, .. }) => assert_eq!(rank, VICTIM),
+            other => panic!("a later call: {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        drop(comm);
+        // The GPU is usable: a new (one-rank) communicator reduces.
+        let mut alone = CudaCommunicator::init(
+            &format!("{}-alone-{}", role.rendezvous, role.rank),
+            0,
+            1,
+            gpu.clone(),
+            options(AlgorithmChoice::Auto),
+        )
+        .unwrap();
+        let mut ones = DeviceBuffer::<f32>::from_host(&gpu, &[1.0; 4096]).unwrap();
+        alone.all_reduce_in_place(&mut ones, ReduceOp::Sum).unwrap();
+        assert_eq!(ones.to_host().unwrap(), vec![1.0; 4096]);
+        return;
+    }
+    let outputs = wait_ranks(spawn_ranks(TEST, 2, &[0, 1]), LIMIT);
+    assert_only_victim_killed(&outputs, VICTIM);
 }

@@ -16,6 +16,11 @@ impl CudaCommunicator {
         output: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<(), EngineError> {
+        if self.hands_off_on_gpu() {
+            let stream = self.gpu.stream().clone();
+            self.all_reduce_on_stream(input, output, op, &stream)?;
+            return self.wait_for_gpu();
+        }
         EngineError::check_length("all_reduce output", output.len(), input.len())?;
         self.all_reduce_at::<T>(input, output.address(), op)
             .and_then(|staged| match staged {
@@ -30,6 +35,11 @@ impl CudaCommunicator {
         buffer: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> Result<(), EngineError> {
+        if self.hands_off_on_gpu() {
+            let stream = self.gpu.stream().clone();
+            self.all_reduce_in_place_on_stream(buffer, op, &stream)?;
+            return self.wait_for_gpu();
+        }
         let address = buffer.address();
         self.all_reduce_at::<T>(buffer, address, op)
             .and_then(|staged| match staged {
@@ -114,6 +124,17 @@ impl CudaCommunicator {
             Algorithm::Direct => unreachable!("init refuses the direct algorithm"),
         }
         Ok(None)
+    }
+
+    /// Waits, asleep on a blocking-sync event, until this GPU's stream has
+    /// run every call queued on it, then reports what the hand-off kernels
+    /// reported (the blocking calls end with this).
+    pub fn wait_for_gpu(&mut self) -> Result<(), EngineError> {
+        self.gpu.finish().map_err(on_rank(self.rank))?;
+        match self.gpu_failure() {
+            Some(failure) => Err(failure),
+            None => Ok(()),
+        }
     }
 
     /// Exchanges call descriptors and fails every rank, naming the peer,

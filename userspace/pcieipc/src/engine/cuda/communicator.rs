@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::gpu::{CudaError, DeviceBuffer, Gpu};
+use super::handoff::{Exchange, Handoff, HANDOFF_MAX_RANKS};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::kernels::ONE_SHOT_MAX_RANKS;
 use super::registration::Registration;
@@ -76,6 +77,16 @@ pub struct CudaOptions {
     /// How long a rank polls its GPU's completion event before it sleeps on
     /// it (the waits for peers are the control plane's, with its own spin).
     pub gpu_poll: Duration,
+    /// Where ranks hand over: on the GPU (stream-ordered calls) or on the
+    /// host after every step.
+    pub handoff: Handoff,
+    /// GPU hand-off: bytes of each inbox and result slot of the exchange
+    /// blocks (a one-shot launch carries up to one, a two-shot launch one
+    /// per rank). Rank 0's value is used.
+    pub handoff_window: usize,
+    /// GPU hand-off: how long a kernel waits for a peer's flag before it
+    /// fails the call (and the communicator) naming that peer.
+    pub handoff_timeout: Duration,
 }
 
 impl Default for CudaOptions {
@@ -88,6 +99,9 @@ impl Default for CudaOptions {
             peer_to_peer: PeerToPeer::Auto,
             peer_read: PeerRead::Direct,
             gpu_poll: Duration::from_micros(200),
+            handoff: Handoff::Auto,
+            handoff_window: 4 << 20,
+            handoff_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -155,6 +169,8 @@ pub struct CudaCommunicator {
     pub(super) registered: HashMap<u64, Registration>,
     pub(super) one_shot_parity: usize,
     pub(super) last_call: Option<CallDescriptor>,
+    /// The GPU hand-off's exchange blocks, when calls hand over on the GPU.
+    pub(super) exchange: Option<Exchange>,
     pub(super) init_time: Duration,
 }
 
@@ -169,12 +185,6 @@ impl CudaCommunicator {
         gpu: Arc<Gpu>,
         options: CudaOptions,
     ) -> Result<CudaCommunicator, EngineError> {
-        if options.algorithm == AlgorithmChoice::Fixed(Algorithm::Direct) {
-            return Err(EngineError::AlgorithmUnavailable {
-                algorithm: Algorithm::Direct,
-                reason: "device buffers move by CUDA IPC, not between host processes",
-            });
-        }
         let started = Instant::now();
         let mut control = Communicator::init(rendezvous, rank, nranks, options.control.clone())?;
         let err = on_rank(rank);
@@ -182,6 +192,8 @@ impl CudaCommunicator {
         let mut geometry = [
             options.chunk_bytes as i64,
             options.one_shot_read_budget as i64,
+            options.handoff_window.max(16).next_multiple_of(16) as i64,
+            i64::from(Exchange::proposed_blocks(&gpu)),
         ];
         control.broadcast(&mut geometry, 0)?;
         let layout = StagingLayout {
@@ -218,6 +230,7 @@ impl CudaCommunicator {
             registered: HashMap::new(),
             one_shot_parity: 0,
             last_call: None,
+            exchange: None,
             init_time: Duration::ZERO,
             gpu,
         };
@@ -241,6 +254,45 @@ impl CudaCommunicator {
                     format!("rank {}'s peer-to-peer check failed", failed[0] - 1)
                 }),
             };
+        }
+        // The GPU hand-off needs peer-to-peer, a slot per rank in the
+        // kernels' argument, and (unless forced) a GPU per rank: ranks
+        // sharing one are time-sliced, and each hand-off would wait for a
+        // slice. Every rank learns the same facts, so all choose alike.
+        let mut addresses = vec![0i64; nranks];
+        let address = communicator.gpu.pci_address().map_err(&err)?;
+        communicator.control.all_gather(&[address], &mut addresses)?;
+        let distinct = {
+            let mut sorted = addresses.clone();
+            sorted.sort_unstable();
+            sorted.windows(2).all(|pair| pair[0] != pair[1])
+        };
+        let possible = communicator.path == DataPath::PeerToPeer && nranks <= HANDOFF_MAX_RANKS;
+        let ring = options.algorithm == AlgorithmChoice::Fixed(Algorithm::Ring);
+        let gpu_handoff = possible
+            && match options.handoff {
+                Handoff::Auto => distinct && !ring,
+                Handoff::Gpu => true,
+                Handoff::Host => false,
+            };
+        if gpu_handoff && ring {
+            return Err(EngineError::AlgorithmUnavailable {
+                algorithm: Algorithm::Ring,
+                reason: "the GPU hand-off runs one-shot and direct (two-shot) kernels",
+            });
+        }
+        if !gpu_handoff && options.algorithm == AlgorithmChoice::Fixed(Algorithm::Direct) {
+            return Err(EngineError::AlgorithmUnavailable {
+                algorithm: Algorithm::Direct,
+                reason: "the direct all_reduce of device buffers needs the GPU hand-off",
+            });
+        }
+        if gpu_handoff {
+            communicator.open_exchange(
+                geometry[2] as usize,
+                geometry[3] as u32,
+                options.handoff_timeout,
+            )?;
         }
         communicator.init_time = started.elapsed();
         Ok(communicator)
@@ -324,6 +376,10 @@ impl CudaCommunicator {
 
     /// The algorithm an all_reduce of `count` elements of `T` takes.
     pub fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
+        let bytes = count * std::mem::size_of::<T>();
+        if let Some(exchange) = &self.exchange {
+            return self.handoff_algorithm(bytes, exchange.window);
+        }
         let limits = Limits {
             one_shot_read_budget: self.layout.one_shot_bytes,
             one_shot_max_ranks: ONE_SHOT_MAX_RANKS,

@@ -28,6 +28,9 @@ pub enum CudaError {
     #[error("GPU {ordinal}: compiling the reduce kernels with NVRTC: {log}")]
     Compile { ordinal: usize, log: String },
 
+    #[error("this communicator hands over on the host (ranks share a GPU, or peer-to-peer is off): stream-ordered calls need the GPU hand-off")]
+    NoGpuHandoff,
+
     #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
     BufferLength {
         ordinal: usize,
@@ -144,6 +147,12 @@ impl Gpu {
         &self.stream
     }
 
+    /// The stream the blocking calls use (calls queued on it by the
+    /// stream-ordered API run in order with them).
+    pub fn stream_handle(&self) -> Arc<CudaStream> {
+        self.stream.clone()
+    }
+
     pub(crate) fn multiprocessors(&self) -> u32 {
         self.multiprocessors
     }
@@ -183,6 +192,43 @@ impl Gpu {
             .map_err(self.driver("waiting for the GPU"))
     }
 
+    /// A new stream of this GPU's context, for stream-ordered calls.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, CudaError> {
+        self.ctx
+            .new_stream()
+            .map_err(self.driver("creating a stream"))
+    }
+
+    /// Waits until everything queued on any stream of this context has run.
+    pub(crate) fn synchronize(&self) -> Result<(), CudaError> {
+        self.ctx
+            .synchronize()
+            .map_err(self.driver("waiting for every stream"))
+    }
+
+    /// A new event (no timing) of this GPU's context.
+    pub(crate) fn new_event(&self) -> Result<CudaEvent, CudaError> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(self.driver("creating an event"))
+    }
+
+    /// The PCI address of the GPU (domain, bus, device) as one number: two
+    /// ranks on the same GPU have the same, whatever their ordinals.
+    pub(crate) fn pci_address(&self) -> Result<i64, CudaError> {
+        let attribute = |attribute, what| {
+            self.ctx
+                .attribute(attribute)
+                .map(i64::from)
+                .map_err(self.driver(what))
+        };
+        use sys::CUdevice_attribute::*;
+        let domain = attribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, "reading the PCI domain")?;
+        let bus = attribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, "reading the PCI bus")?;
+        let device = attribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, "reading the PCI device")?;
+        Ok((domain << 16) | (bus << 8) | device)
+    }
+
     /// Queues a copy of `bytes` bytes between device addresses (either may be
     /// a peer's IPC mapping: the copy engine moves it peer to peer).
     pub(crate) fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
@@ -193,6 +239,70 @@ impl Gpu {
         // open peer mappings) that no host code touches while the stream runs.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(self.driver("queueing a device copy"))
+    }
+}
+
+/// One 32-bit word of pinned host memory that the GPU can write (mapped into
+/// the device's address space) and the host reads without a copy.
+pub(crate) struct HostWord {
+    gpu: Arc<Gpu>,
+    host: *mut u32,
+    device: u64,
+}
+
+// SAFETY: the word is process-wide pinned memory; only `read` touches it
+// from the host (volatile), the GPU writes it.
+unsafe impl Send for HostWord {}
+
+impl HostWord {
+    /// A zeroed word.
+    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<HostWord, CudaError> {
+        gpu.bind()?;
+        // SAFETY: 4 bytes of pinned memory, mapped into every context
+        // (DEVICEMAP, PORTABLE).
+        let host = unsafe {
+            result::malloc_host(
+                std::mem::size_of::<u32>(),
+                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .map_err(gpu.driver("allocating a host-mapped word"))?
+        .cast::<u32>();
+        // SAFETY: `host` is 4 fresh, writable, aligned bytes.
+        unsafe { host.write_volatile(0) };
+        let mut device = 0;
+        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP.
+        let mapped =
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result();
+        let word = HostWord {
+            gpu: gpu.clone(),
+            host,
+            device,
+        };
+        mapped.map_err(gpu.driver("mapping a host word into the GPU"))?;
+        Ok(word)
+    }
+
+    /// The word's address on the GPU.
+    pub(crate) fn device_address(&self) -> u64 {
+        self.device
+    }
+
+    pub(crate) fn read(&self) -> u32 {
+        // SAFETY: `host` is live pinned memory (freed only in drop) that the
+        // GPU may write at any time: read it volatile.
+        unsafe { self.host.read_volatile() }
+    }
+}
+
+impl Drop for HostWord {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // Queued work may still write it: drain it first.
+            let _ = self.gpu.finish();
+            // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
+            let _ = unsafe { result::free_host(self.host.cast()) };
+        }
     }
 }
 

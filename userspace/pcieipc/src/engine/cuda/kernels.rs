@@ -11,10 +11,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::gpu::{driver_error, CudaError, Gpu};
+use super::handoff::HANDOFF_MAX_RANKS;
 use crate::engine::{DType, ReduceOp};
 
 /// The most sources the one-shot kernel reduces: it takes one pointer
@@ -103,6 +106,202 @@ extern "C" __global__ void one_shot(S* dst, const S* p0, const S* p1, const S* p
         dst[i] = r;
     }
 }
+
+// ---- GPU-side hand-off (handoff.rs): one launch per call, ranks meet on the
+// GPU through flags in each other's exchange blocks, never on the host.
+//
+// A rank's exchange block: flags [phase 2][parity 2][sender HMAX][block HBLOCKS]
+// (u64 epochs), the epoch counters [block HBLOCKS], then inboxes
+// [parity][sender][window], then results [parity][owner][window]. A sender
+// writes its data into the receiver's block, then, after a system-scope fence,
+// stores the launch's epoch into its flag there with release semantics; the
+// receiver polls its own flags with acquire loads. Each block counts its
+// launches in its own counter (device memory, not a kernel argument, so a
+// replayed CUDA graph counts on): every rank makes the same launches in the
+// same order, so the epochs agree, and no flag is ever reset; the two parities
+// let launch k+1 run while a slow peer still reads launch k.
+#define HMAX 8
+#define HBLOCKS 64
+#define FLAG_BYTES (2 * 2 * HMAX * HBLOCKS * 8)
+#define HEADER_BYTES (FLAG_BYTES + HBLOCKS * 8)
+
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+__device__ __forceinline__ void store_release(u64* flag, u64 value) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(flag), "l"(value) : "memory");
+}
+__device__ __forceinline__ u64 load_acquire(const u64* flag) {
+    u64 v; asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory"); return v;
+}
+__device__ __forceinline__ u64* flag_at(u64 block_base, unsigned phase, unsigned parity, unsigned sender, unsigned block) {
+    return (u64*)(block_base) + ((phase * 2 + parity) * HMAX + sender) * HBLOCKS + block;
+}
+
+struct Exchange {
+    u64 base[HMAX];      // each rank's exchange block as mapped here (own included)
+    u64 window;          // bytes of one inbox or result slot
+    unsigned rank, nranks;
+    u64 timeout_ns;
+    volatile unsigned* error;  // host-mapped: 0, or what failed (handoff.rs)
+};
+
+// This block's epoch for this launch: its counter plus one (thread 0 reads
+// it; `finish` stores it back once the block is done).
+__device__ __forceinline__ u64 begin(const Exchange& x) {
+    __shared__ u64 epoch;
+    if (threadIdx.x == 0) epoch = ((volatile u64*)((char*)x.base[x.rank] + FLAG_BYTES))[blockIdx.x] + 1;
+    __syncthreads();
+    return epoch;
+}
+__device__ __forceinline__ void finish(const Exchange& x, u64 epoch) {
+    if (threadIdx.x == 0) ((volatile u64*)((char*)x.base[x.rank] + FLAG_BYTES))[blockIdx.x] = epoch;
+}
+
+__device__ __forceinline__ char* inbox(const Exchange& x, unsigned at, unsigned parity, unsigned sender) {
+    return (char*)x.base[at] + HEADER_BYTES + ((u64)parity * x.nranks + sender) * x.window;
+}
+__device__ __forceinline__ char* results(const Exchange& x, unsigned at, unsigned parity, unsigned owner) {
+    return (char*)x.base[at] + HEADER_BYTES + ((u64)(2 + parity) * x.nranks + owner) * x.window;
+}
+
+// This block's share [start, end) of n elements, in whole 16-byte vectors.
+__device__ __forceinline__ void share(u64 n, u64* start, u64* end) {
+    u64 vectors = (n + VEC - 1) / VEC, per = (vectors + gridDim.x - 1) / gridDim.x;
+    *start = min(n, (u64)blockIdx.x * per * VEC);
+    *end = min(n, *start + per * VEC);
+}
+
+__device__ __forceinline__ void copy_share(char* dst, const char* src, u64 start, u64 end) {
+    u64 bytes_start = start * sizeof(S), bytes_end = end * sizeof(S);
+    bool aligned = ((((u64)dst) | ((u64)src)) & 15) == 0;
+    u64 i = bytes_start + threadIdx.x * 16;
+    if (aligned) {
+        for (; i + 16 <= bytes_end; i += blockDim.x * 16) *(uint4*)(dst + i) = *(const uint4*)(src + i);
+        i = bytes_start + ((bytes_end - bytes_start) / 16) * 16 + threadIdx.x;
+    } else {
+        i = bytes_start + threadIdx.x;
+    }
+    for (; i < bytes_end; i += blockDim.x) dst[i] = src[i];
+}
+
+// Thread 0 raises this block's flag of `phase` in rank `at`'s block, after
+// every thread's writes of the block (bar.sync, then a system-scope fence).
+__device__ __forceinline__ void signal(const Exchange& x, u64 epoch, unsigned at, unsigned phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        store_release(flag_at(x.base[at], phase, epoch & 1, x.rank, blockIdx.x), epoch);
+    }
+}
+
+// Waits until every peer raised this block's flag of `phase` here; false
+// (error word set) when one has not within the timeout.
+__device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase) {
+    __shared__ int ok;
+    if (threadIdx.x == 0) {
+        ok = 1;
+        u64 started = globaltimer();
+        for (unsigned peer = 0; peer < x.nranks && ok; peer++) {
+            if (peer == x.rank) continue;
+            const u64* flag = flag_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
+            for (unsigned polls = 1; load_acquire(flag) < epoch; polls++) {
+                // Another block's failure ends this wait too (the error word
+                // is host memory: read it now and then, not on every poll).
+                if (polls % 256 == 0 && *x.error != 0) { ok = 0; break; }
+                if (globaltimer() - started > x.timeout_ns) {
+                    *x.error = 0x10000u | (phase << 8) | peer;
+                    __threadfence_system();
+                    ok = 0;
+                    break;
+                }
+                __nanosleep(64);
+            }
+        }
+    }
+    __syncthreads();
+    return ok != 0;
+}
+
+// out[i] = op over every rank's in[i] in rank order (as `one_shot`):
+// each rank pushes its input into every peer's inbox, then reduces its own
+// inbox. For messages up to one window.
+extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const S* in, u64 n, unsigned div, Exchange x) {
+    u64 epoch = begin(x);
+    unsigned parity = epoch & 1;
+    u64 start, end;
+    share(n, &start, &end);
+    for (unsigned peer = 0; peer < x.nranks; peer++) {
+        if (peer == x.rank) continue;
+        copy_share(inbox(x, peer, parity, x.rank), (const char*)in, start, end);
+        signal(x, epoch, peer, 0);
+    }
+    if (!await_peers(x, epoch, 0)) return;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const S* first = x.rank == 0 ? in : (const S*)inbox(x, x.rank, parity, 0);
+        S r = first[i];
+        for (unsigned k = 1; k < x.nranks; k++) {
+            const S* src = k == x.rank ? in : (const S*)inbox(x, x.rank, parity, k);
+            r = apply(src[i], r, 0);
+        }
+        if (div) r = ST(DIV(LD(r), div));
+        out[i] = r;
+    }
+    finish(x, epoch);
+}
+
+// Segment k of n elements: [seg_start(k), seg_start(k + 1)), whole vectors.
+__device__ __forceinline__ u64 seg_start(u64 n, unsigned nranks, unsigned k) {
+    u64 vectors = (n + VEC - 1) / VEC, per = (vectors + nranks - 1) / nranks;
+    return min(n, (u64)k * per * VEC);
+}
+
+// Two-shot: rank s owns segment s. Each rank pushes segment s of its input
+// into owner s's inbox; the owner reduces its segment (rank order), writes it
+// to its output and pushes it into every peer's results; each rank copies the
+// others' results into its output. For segments up to one window.
+extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const S* in, u64 n, unsigned div, Exchange x) {
+    u64 epoch = begin(x);
+    unsigned parity = epoch & 1;
+    for (unsigned owner = 0; owner < x.nranks; owner++) {
+        if (owner == x.rank) continue;
+        u64 base = seg_start(n, x.nranks, owner), len = seg_start(n, x.nranks, owner + 1) - base;
+        u64 start, end;
+        share(len, &start, &end);
+        copy_share(inbox(x, owner, parity, x.rank), (const char*)(in + base), start, end);
+        signal(x, epoch, owner, 0);
+    }
+    if (!await_peers(x, epoch, 0)) return;
+    u64 mine = seg_start(n, x.nranks, x.rank), len = seg_start(n, x.nranks, x.rank + 1) - mine;
+    u64 start, end;
+    share(len, &start, &end);
+    S* reduced = out + mine;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const S* first = x.rank == 0 ? in + mine : (const S*)inbox(x, x.rank, parity, 0);
+        S r = first[i];
+        for (unsigned k = 1; k < x.nranks; k++) {
+            const S* src = k == x.rank ? in + mine : (const S*)inbox(x, x.rank, parity, k);
+            r = apply(src[i], r, 0);
+        }
+        if (div) r = ST(DIV(LD(r), div));
+        reduced[i] = r;
+    }
+    __syncthreads();
+    for (unsigned peer = 0; peer < x.nranks; peer++) {
+        if (peer == x.rank) continue;
+        copy_share(results(x, peer, parity, x.rank), (const char*)reduced, start, end);
+        signal(x, epoch, peer, 1);
+    }
+    if (!await_peers(x, epoch, 1)) return;
+    for (unsigned owner = 0; owner < x.nranks; owner++) {
+        if (owner == x.rank) continue;
+        u64 base = seg_start(n, x.nranks, owner), len = seg_start(n, x.nranks, owner + 1) - base;
+        u64 start, end;
+        share(len, &start, &end);
+        copy_share((char*)(out + base), results(x, x.rank, parity, owner), start, end);
+    }
+    finish(x, epoch);
+}
 "#;
 
 /// The `#define`s that specialise COMMON for one element type and reduction.
@@ -166,10 +365,43 @@ fn architecture(capability: (i32, i32)) -> Option<&'static str> {
     })
 }
 
-/// The two kernels of one (element type, reduction).
+/// Blocks of a hand-off launch, at most (`HBLOCKS`: the flags are per block).
+pub(crate) const HANDOFF_BLOCKS: usize = 64;
+/// Bytes of the flags and epoch counters at the start of an exchange block
+/// (`HEADER_BYTES`).
+pub(crate) const HANDOFF_HEADER_BYTES: usize =
+    2 * 2 * HANDOFF_MAX_RANKS * HANDOFF_BLOCKS * 8 + HANDOFF_BLOCKS * 8;
+const HANDOFF_THREADS: u32 = 512;
+
+/// `struct Exchange` of the hand-off kernels, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ExchangeArg {
+    pub(crate) base: [u64; HANDOFF_MAX_RANKS],
+    pub(crate) window: u64,
+    pub(crate) rank: u32,
+    pub(crate) nranks: u32,
+    pub(crate) timeout_ns: u64,
+    pub(crate) error: u64,
+}
+
+// SAFETY: `repr(C)` plain data laid out as the kernels' `struct Exchange`
+// (u64s, then two u32s filling one 8-byte slot, then u64s: no padding).
+unsafe impl DeviceRepr for ExchangeArg {}
+
+/// Which hand-off kernel a launch runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HandoffKernel {
+    OneShot,
+    TwoShot,
+}
+
+/// The kernels of one (element type, reduction).
 pub(crate) struct Kernel {
     reduce: CudaFunction,
     one_shot: CudaFunction,
+    handoff_one_shot: CudaFunction,
+    handoff_two_shot: CudaFunction,
 }
 
 /// Every (element type, reduction) compiled so far on one GPU.
@@ -220,6 +452,12 @@ impl KernelCache {
             one_shot: module
                 .load_function("one_shot")
                 .map_err(driver("finding the one-shot kernel"))?,
+            handoff_one_shot: module
+                .load_function("handoff_one_shot")
+                .map_err(driver("finding the hand-off one-shot kernel"))?,
+            handoff_two_shot: module
+                .load_function("handoff_two_shot")
+                .map_err(driver("finding the hand-off two-shot kernel"))?,
         });
         compiled.insert((dtype, op), kernel.clone());
         Ok(kernel)
@@ -308,6 +546,49 @@ impl Kernel {
         launch.arg(&nranks).arg(&n).arg(&divide_by);
         // SAFETY: as in `reduce`; unused source slots are never read.
         unsafe { launch.launch(config) }.map_err(gpu.driver("launching the one-shot kernel"))?;
+        Ok(())
+    }
+}
+
+impl Kernel {
+    /// Queues one hand-off launch of `which` on `stream`: `dst` = op over
+    /// every rank's `src`, `elements` elements, `blocks` blocks (the same on
+    /// every rank).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn handoff(
+        &self,
+        gpu: &Gpu,
+        which: HandoffKernel,
+        stream: &CudaStream,
+        blocks: u32,
+        dst: u64,
+        src: u64,
+        elements: usize,
+        divide_by: u32,
+        exchange: &ExchangeArg,
+    ) -> Result<(), CudaError> {
+        let function = match which {
+            HandoffKernel::OneShot => &self.handoff_one_shot,
+            HandoffKernel::TwoShot => &self.handoff_two_shot,
+        };
+        let n = elements as u64;
+        let config = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (HANDOFF_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(function);
+        launch
+            .arg(&dst)
+            .arg(&src)
+            .arg(&n)
+            .arg(&divide_by)
+            .arg(exchange);
+        // SAFETY: the arguments match the kernel's signature; `dst` and
+        // `src` hold `elements` elements (the caller's promise), and the
+        // exchange blocks and the error word stay mapped while the
+        // communicator lives, which drains its launches before it goes.
+        unsafe { launch.launch(config) }.map_err(gpu.driver("launching a hand-off kernel"))?;
         Ok(())
     }
 }

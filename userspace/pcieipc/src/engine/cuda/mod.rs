@@ -7,6 +7,7 @@
 mod collective;
 mod communicator;
 mod gpu;
+mod handoff;
 mod ipc;
 mod kernels;
 mod one_shot;
@@ -15,6 +16,9 @@ mod ring;
 
 pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
 pub use gpu::{CudaError, DeviceBuffer, Gpu};
+pub use handoff::Handoff;
+/// The stream type stream-ordered calls take (cudarc's).
+pub use cudarc::driver::CudaStream;
 
 /// The name this backend's errors carry.
 pub const BACKEND: &str = "cuda";

@@ -1,0 +1,353 @@
+//! all_reduce with the hand-off on the GPU: one kernel launch per call on
+//! the caller's stream, no host meeting per call or per step, so calls can
+//! sit on a training loop's stream, overlap compute, and be captured in a
+//! CUDA graph.
+//!
+//! Every rank owns an exchange block (IPC-exported, opened by every peer at
+//! init): flags, then inboxes and result slots for two parities. A rank
+//! pushes its data into its peers' blocks and then raises its flag there
+//! (system-scope fence, release store of the launch's epoch); it waits on the
+//! flags in its own block (acquire loads). Each kernel block counts its
+//! launches in a counter in device memory, not in a kernel argument, so a
+//! replayed CUDA graph keeps counting; every rank makes the same launches in
+//! the same order, so the epochs agree and no flag is ever reset. The parity
+//! of the epoch picks the slots, and launch k + 2 writes a peer's slots only
+//! after seeing that peer's flags of launch k + 1, which the peer raises only
+//! once launch k, the last to read them, has ended (one stream orders a
+//! rank's launches). Only plain stores cross the link: PCIe has no peer
+//! atomics.
+//!
+//! Every wait is bounded: a block that sees no flag within the timeout
+//! writes what it waited for into a host-mapped error word and ends the
+//! kernel; the communicator then refuses every later call with that error.
+//! The kernels spin on each other, so the grid is small enough to be
+//! resident on every GPU, and ranks sharing one GPU do not use this path by
+//! default (time-sliced contexts make every hand-off wait for a time slice).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use super::communicator::{on_rank, CudaCommunicator};
+use super::gpu::{CudaError, DeviceBuffer, Gpu, HostWord};
+use super::ipc::{self, PeerMemory, HANDLE_WORDS};
+use super::kernels::{ExchangeArg, HandoffKernel, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES};
+use crate::engine::{
+    Algorithm, AlgorithmChoice, CallDescriptor, CallKind, DType, Element, EngineError, ReduceOp,
+};
+
+/// Ranks the hand-off kernels serve (their exchange argument has a slot per
+/// rank).
+pub(crate) const HANDOFF_MAX_RANKS: usize = 8;
+
+/// Which hand-off a communicator uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handoff {
+    /// On the GPU when every rank has a GPU of its own on the peer-to-peer
+    /// path (at most 8 ranks) and the ring is not forced; on the host
+    /// otherwise.
+    Auto,
+    /// Always on the GPU (ranks sharing a GPU then wait for each other's
+    /// time slices: for tests).
+    Gpu,
+    /// Ranks meet on the host after every step (the host-mediated path).
+    Host,
+}
+
+/// What a hand-off kernel reported through the error word.
+fn failure(word: u32, rank: usize, timeout: Duration) -> EngineError {
+    let peer = (word & 0xff) as usize;
+    match word >> 16 {
+        1 => EngineError::PeerUnresponsive {
+            rank: peer,
+            waited: timeout,
+        },
+        _ => EngineError::PeerGpuFailed { rank },
+    }
+}
+
+/// The exchange blocks and the state of the calls so far.
+pub(super) struct Exchange {
+    gpu: Arc<Gpu>,
+    block: DeviceBuffer<u8>,
+    /// Each rank's block as mapped here (`None` at our own rank).
+    peers: Vec<Option<PeerMemory>>,
+    /// Bytes of one inbox or result slot (rank 0's choice).
+    pub(super) window: usize,
+    /// The grid of every launch (rank 0's choice: the flags are per block).
+    blocks: u32,
+    timeout: Duration,
+    error: HostWord,
+    /// Orders this communicator's launches when callers change streams.
+    ordering: CudaEvent,
+    last_stream: Option<Arc<CudaStream>>,
+}
+
+impl Exchange {
+    /// Bytes of a rank's exchange block.
+    fn bytes(nranks: usize, window: usize) -> usize {
+        HANDOFF_HEADER_BYTES + 4 * nranks * window
+    }
+
+    /// The grid rank 0 proposes: at most one block per multiprocessor, so
+    /// that every block of a launch is resident while it spins.
+    pub(super) fn proposed_blocks(gpu: &Gpu) -> u32 {
+        gpu.multiprocessors().min(HANDOFF_BLOCKS as u32)
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        // Launches on any stream may still use the blocks and the error word
+        // (a kernel waiting for a peer that left ends at its timeout).
+        let _ = self.gpu.synchronize();
+    }
+}
+
+impl CudaCommunicator {
+    /// Allocates this rank's exchange block, exports it, and opens every
+    /// peer's (collective: every rank calls it at init on the peer-to-peer
+    /// path).
+    pub(super) fn open_exchange(
+        &mut self,
+        window: usize,
+        blocks: u32,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        let err = on_rank(self.rank);
+        let block =
+            DeviceBuffer::<u8>::zeroed(&self.gpu, Exchange::bytes(self.nranks, window)).map_err(&err)?;
+        let handle = ipc::export(&self.gpu, block.address()).map_err(&err)?;
+        let mut handles = vec![0i64; HANDLE_WORDS * self.nranks];
+        self.control.all_gather(&handle, &mut handles)?;
+        let mut peers = Vec::with_capacity(self.nranks);
+        for peer in 0..self.nranks {
+            peers.push(if peer == self.rank {
+                None
+            } else {
+                let words: &[i64; HANDLE_WORDS] = handles[peer * HANDLE_WORDS..][..HANDLE_WORDS]
+                    .try_into()
+                    .expect("HANDLE_WORDS words");
+                Some(PeerMemory::open(&self.gpu, words).map_err(&err)?)
+            });
+        }
+        let error = HostWord::new(&self.gpu).map_err(&err)?;
+        let ordering = self
+            .gpu
+            .new_event()
+            .map_err(&err)?;
+        self.exchange = Some(Exchange {
+            gpu: self.gpu.clone(),
+            block,
+            peers,
+            window,
+            blocks,
+            timeout,
+            error,
+            ordering,
+            last_stream: None,
+        });
+        // Every rank's block is zeroed before any peer may write into it.
+        self.control
+            .all_reduce_in_place(&mut [0i64], ReduceOp::Max)
+    }
+
+    /// Whether calls hand over on the GPU.
+    pub fn hands_off_on_gpu(&self) -> bool {
+        self.exchange.is_some()
+    }
+
+    /// The error a hand-off kernel reported, if one has: every later call
+    /// is refused with it.
+    pub fn gpu_failure(&self) -> Option<EngineError> {
+        let exchange = self.exchange.as_ref()?;
+        match exchange.error.read() {
+            0 => None,
+            word => Some(failure(word, self.rank, exchange.timeout)),
+        }
+    }
+
+    /// Queues `output[i]` = `op` over all ranks' `input[i]` on `stream` and
+    /// returns at once (nothing waits on the host): the result is there when
+    /// the stream reaches it. Every rank must make the same calls in the same
+    /// order. Capturable in a CUDA graph. Needs the GPU hand-off
+    /// ([`hands_off_on_gpu`](Self::hands_off_on_gpu)).
+    pub fn all_reduce_on_stream<T: Element>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        EngineError::check_length("all_reduce output", output.len(), input.len())?;
+        self.check_gpu(input.gpu())?;
+        // SAFETY: both buffers hold `input.len()` elements of `T` and live
+        // until the caller's stream has run the call (the caller's promise
+        // for stream-ordered work, as with any CUDA API).
+        unsafe {
+            self.all_reduce_raw(
+                input.address(),
+                output.address(),
+                input.len(),
+                T::DTYPE,
+                op,
+                stream,
+            )
+        }
+    }
+
+    /// In place: `buffer[i]` = `op` over all ranks' `buffer[i]`, queued on
+    /// `stream`.
+    pub fn all_reduce_in_place_on_stream<T: Element>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        self.check_gpu(buffer.gpu())?;
+        let address = buffer.address();
+        // SAFETY: as in `all_reduce_on_stream`, with one buffer.
+        unsafe { self.all_reduce_raw(address, address, buffer.len(), T::DTYPE, op, stream) }
+    }
+
+    fn check_gpu(&self, gpu: &Arc<Gpu>) -> Result<(), EngineError> {
+        if Arc::ptr_eq(gpu, &self.gpu) {
+            Ok(())
+        } else {
+            Err(EngineError::WrongGpu {
+                rank: self.rank,
+                buffer_gpu: gpu.ordinal(),
+                gpu: self.gpu.ordinal(),
+            })
+        }
+    }
+
+    /// The algorithm a GPU hand-off all_reduce of `bytes` takes: one-shot
+    /// while the message fits the one-shot budget and one slot, else the
+    /// direct (two-shot) all_reduce: rank r reduces segment r from every
+    /// rank's push and pushes the result to every rank.
+    pub(super) fn handoff_algorithm(&self, bytes: usize, window: usize) -> Algorithm {
+        match self.algorithm {
+            AlgorithmChoice::Fixed(algorithm) => algorithm,
+            AlgorithmChoice::Auto if bytes <= self.layout.one_shot_bytes.min(window) => {
+                Algorithm::OneShot
+            }
+            AlgorithmChoice::Auto => Algorithm::Direct,
+        }
+    }
+
+    /// Queues the all_reduce of `count` elements of `dtype` at device
+    /// address `input` into `output` (the same for in place) on `stream`:
+    /// one launch per window-sized piece.
+    ///
+    /// # Safety
+    ///
+    /// `input` and `output` are device addresses of this communicator's GPU,
+    /// each the start of `count` elements of `dtype`, alive until `stream`
+    /// has run the call.
+    pub unsafe fn all_reduce_raw(
+        &mut self,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        let err = on_rank(self.rank);
+        if let Some(failure) = self.gpu_failure() {
+            return Err(failure);
+        }
+        let Some(exchange) = self.exchange.as_ref() else {
+            return Err(EngineError::transport(
+                self.rank,
+                super::BACKEND,
+                CudaError::NoGpuHandoff,
+            ));
+        };
+        let (window, blocks) = (exchange.window, exchange.blocks);
+        let element = dtype.size_bytes();
+        let algorithm = self.handoff_algorithm(count * element, window);
+        self.last_call = Some(CallDescriptor {
+            kind: CallKind::AllReduce,
+            dtype,
+            op: Some(op),
+            count: count as u64,
+            root: 0,
+            algorithm,
+            chunk_bytes: 0,
+        });
+        if count == 0 {
+            return Ok(());
+        }
+        let kernel = self.gpu.kernel(dtype, op).map_err(&err)?;
+        let divide_by = if op == ReduceOp::Avg {
+            self.nranks as u32
+        } else {
+            0
+        };
+        self.order_after_last_call(stream).map_err(&err)?;
+        // Elements per launch: one-shot, the message fits a slot; two-shot,
+        // each rank's segment (whole 16-byte vectors) fits a slot.
+        let (which, piece) = match algorithm {
+            Algorithm::OneShot => (HandoffKernel::OneShot, window / element),
+            Algorithm::Direct => (HandoffKernel::TwoShot, window / 16 * self.nranks * (16 / element)),
+            Algorithm::Ring => unreachable!("init keeps the ring on the host hand-off"),
+        };
+        let exchange = self.exchange.as_mut().expect("checked above");
+        let base = std::array::from_fn(|rank| match exchange.peers.get(rank) {
+            Some(Some(peer)) => peer.address(),
+            Some(None) => exchange.block.address(),
+            None => 0,
+        });
+        let mut done = 0;
+        while done < count {
+            let len = piece.min(count - done);
+            let argument = ExchangeArg {
+                base,
+                window: window as u64,
+                rank: self.rank as u32,
+                nranks: self.nranks as u32,
+                timeout_ns: exchange.timeout.as_nanos() as u64,
+                error: exchange.error.device_address(),
+            };
+            let offset = (done * element) as u64;
+            kernel
+                .handoff(
+                    &self.gpu,
+                    which,
+                    stream,
+                    blocks,
+                    output + offset,
+                    input + offset,
+                    len,
+                    divide_by,
+                    &argument,
+                )
+                .map_err(&err)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// A call on another stream than the last one waits for the last one's
+    /// launches: the parity argument needs one rank's launches in order.
+    fn order_after_last_call(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
+        let gpu = self.gpu.clone();
+        let exchange = self.exchange.as_mut().expect("the GPU hand-off is open");
+        if let Some(last) = &exchange.last_stream {
+            if !Arc::ptr_eq(last, stream) {
+                exchange
+                    .ordering
+                    .record(last)
+                    .map_err(gpu.driver("recording the last call's event"))?;
+                stream
+                    .wait(&exchange.ordering)
+                    .map_err(gpu.driver("ordering after the last call"))?;
+            }
+        }
+        exchange.last_stream = Some(stream.clone());
+        Ok(())
+    }
+}
