@@ -65,6 +65,7 @@ pub(crate) fn zap_device(index: u32) {
 /// BAR, the window passes the BAR's end, or a private mapping), `EPERM`.
 pub(crate) fn mmap(vma: &VmaNew, offset: u64) -> Result {
     require_sys_admin()?;
+    crate::capability::require_pci_access()?;
     // A private mapping would have its offset rewritten (COW), and the
     // window could then not be zapped by offset.
     if vma.flags() & flags::SHARED == 0 {

@@ -113,6 +113,7 @@ pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
             ticket: ticket.clone(),
         })?
     } else {
+        crate::capability::require_pci_access()?;
         let to_bar = request.flags == uapi::PCIEIPC_DMA_DST_BAR;
         let (bar, bar_offset, handle, offset) = if to_bar {
             (

@@ -4,11 +4,23 @@
  * pcieipc.ko needs and bindgen cannot bind (see rust/helpers/ in the kernel).
  */
 #include <linux/mm.h>
+#include <linux/security.h>
 
 pgprot_t pcieipc_pgprot_noncached(pgprot_t prot);
+int pcieipc_locked_down_pci(void);
 
 /* The uncached page protection for a BAR mapped into userspace. */
 pgprot_t pcieipc_pgprot_noncached(pgprot_t prot)
 {
 	return pgprot_noncached(prot);
+}
+
+/*
+ * Whether the kernel lockdown forbids raw PCI access (0: allowed), as sysfs
+ * config writes and resource mmaps check it. A static inline returning 0
+ * without CONFIG_SECURITY.
+ */
+int pcieipc_locked_down_pci(void)
+{
+	return security_locked_down(LOCKDOWN_PCI_ACCESS);
 }
