@@ -40,6 +40,7 @@ datapath.toml datapath-fuzz.sh
 datapath.toml datapath-dma.sh
 datapath.toml datapath-aer.sh
 datapath.toml hardening-datapath.sh
+datapath.toml lockdown.sh
 ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
 engine-aer.toml engine-aer.sh

@@ -19,6 +19,8 @@ mod dma;
 mod events;
 #[path = "guest/fuzz.rs"]
 mod fuzz;
+#[path = "guest/lockdown.rs"]
+mod lockdown;
 #[path = "guest/pingpong.rs"]
 mod pingpong;
 #[path = "guest/waits.rs"]
@@ -105,6 +107,12 @@ enum Command {
     DmaErrors,
     /// Copies between a DMA buffer and an ivshmem BAR2 window, verified.
     DmaBar,
+    /// BAR mmap and BAR copies work ("allowed") or get EPERM ("refused":
+    /// kernel locked down); DMA buffers work either way.
+    RawPci {
+        #[arg(long)]
+        expect: String,
+    },
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
     /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
@@ -164,6 +172,7 @@ fn main() -> ExitCode {
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
         Command::DmaBar => report(dma::bar()),
+        Command::RawPci { expect } => report(lockdown::run(&expect)),
         Command::CapsCheck => report(caps::run()),
         Command::ArgszOld => report(abi::old_struct()),
         Command::EventsBlockedRead => report(events::blocked_read()),
