@@ -21,6 +21,8 @@ mod events;
 mod fuzz;
 #[path = "guest/lockdown.rs"]
 mod lockdown;
+#[path = "guest/long_copy.rs"]
+mod long_copy;
 #[path = "guest/pingpong.rs"]
 mod pingpong;
 #[path = "guest/waits.rs"]
@@ -113,6 +115,15 @@ enum Command {
         #[arg(long)]
         expect: String,
     },
+    /// The longest buffer <-> BAR2 CPU copies (16 MiB - 1, odd offsets),
+    /// ROUNDS times back to back, verified; a SCHED_FIFO thread on the same
+    /// CPU never waits more than MAX_LATENCY_MS for it.
+    BarCopyLong {
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        #[arg(long, default_value_t = 100)]
+        max_latency_ms: u64,
+    },
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
     /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
@@ -173,6 +184,10 @@ fn main() -> ExitCode {
         Command::DmaErrors => report(dma::errors()),
         Command::DmaBar => report(dma::bar()),
         Command::RawPci { expect } => report(lockdown::run(&expect)),
+        Command::BarCopyLong {
+            rounds,
+            max_latency_ms,
+        } => report(long_copy::run(rounds, max_latency_ms)),
         Command::CapsCheck => report(caps::run()),
         Command::ArgszOld => report(abi::old_struct()),
         Command::EventsBlockedRead => report(events::blocked_read()),
