@@ -15,7 +15,7 @@ use kernel::{
 
 use crate::{
     bound_device::BoundDevice,
-    capability::require_sys_admin,
+    capability::{require_pci_access, require_sys_admin},
     mappings, registry, uapi,
     user_mapping::{self, FaultMapped, Inserted, PageInsert},
 };
@@ -60,9 +60,11 @@ fn window(offset: u64, len: u64) -> Result<(Arc<BoundDevice>, u64)> {
 
 /// Checks the window the VMA's offset names, and installs the fault handler
 /// that maps it, or refuses: the errors of `window` (the device must also be
-/// usable, not frozen), `EINVAL` for a private mapping, `EPERM`.
+/// usable, not frozen), `EINVAL` for a private mapping, `EPERM` (no
+/// CAP_SYS_ADMIN, or a kernel locked down against raw PCI access).
 pub(crate) fn mmap(vma: &VmaNew, offset: u64) -> Result {
     require_sys_admin()?;
+    require_pci_access()?;
     let len = (vma.end() - vma.start()) as u64;
     let (device, _) = window(offset, len)?;
     device.check_usable()?;

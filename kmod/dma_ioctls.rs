@@ -9,7 +9,7 @@
 use kernel::{mm::virt::VmaNew, prelude::*, sync::Arc};
 
 use crate::{
-    capability::require_sys_admin,
+    capability::{require_pci_access, require_sys_admin},
     dma_buffer::DmaBuffer,
     dma_engine::{CpuEngine, Ticket, Transfer},
     mappings::{self, DmaWindows},
@@ -110,6 +110,7 @@ pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
             ticket: ticket.clone(),
         })?
     } else {
+        require_pci_access()?;
         let to_bar = request.flags == uapi::PCIEIPC_DMA_DST_BAR;
         let (bar, bar_offset, handle, offset) = if to_bar {
             (

@@ -11,7 +11,7 @@ use kernel::{
 };
 
 use crate::{
-    capability::require_sys_admin,
+    capability::{require_pci_access, require_sys_admin},
     events::EventLog,
     link,
     pci_function::PciFunction,
@@ -125,6 +125,7 @@ fn require_served_port(function: &PciFunction) -> Result {
 /// `PCIEIPC_IOC_LINK_RETRAIN`.
 pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
+    require_pci_access()?;
     let mut arg = ArgszArg::<uapi::pcieipc_link_retrain>::read(arg)?;
     if arg.value.flags != 0 || arg.value.reserved != [0; 3] || arg.value.target_speed > 6 {
         return Err(EINVAL);
@@ -154,6 +155,7 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
 /// `PCIEIPC_IOC_RESET`.
 pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
+    require_pci_access()?;
     let mut arg = ArgszArg::<uapi::pcieipc_reset>::read(arg)?;
     if arg.value.flags != 0 {
         return Err(EINVAL);

@@ -41,6 +41,8 @@ datapath.toml datapath-dma.sh
 datapath.toml datapath-aer.sh
 datapath.toml hardening-datapath.sh
 hardening.toml hardening-mappings.sh
+datapath.toml lockdown.sh
+bigbar.toml long-copy.sh
 ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
 engine-aer.toml engine-aer.sh

@@ -672,7 +672,9 @@ fn stream_order_and_graph_replay(role: Role) {
     // written into them before each replay.
     let mut inputs = upload(1);
     stream
-        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
         .unwrap();
     for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
         comm.all_reduce_on_stream(input, output, ReduceOp::Sum, &stream)
@@ -741,7 +743,10 @@ fn gpu_handoff_killed_rank_is_named_within_the_timeout() {
         );
         match &error {
             EngineError::PeerUnresponsive { rank, .. } => assert_eq!(*rank, VICTIM),
-            other => panic!("rank {}: expected rank {VICTIM} named, got {other}", role.rank),
+            other => panic!(
+                "rank {}: expected rank {VICTIM} named, got {other}",
+                role.rank
+            ),
         }
         // Refused from now on, at once, with the same error.
         let started = Instant::now();

@@ -18,6 +18,25 @@ pub struct Retrain {
     pub completed: bool,
 }
 
+/// Where the lockdown LSM shows its mode (securityfs).
+const LOCKDOWN_PATH: &str = "/sys/kernel/security/lockdown";
+
+/// The kernel's lockdown mode when it forbids raw PCI access ("integrity" or
+/// "confidentiality"), so that an EPERM is explained by it rather than by the
+/// module's own rules; None when not locked down or unknown.
+fn lockdown_mode() -> Option<String> {
+    parse_lockdown(&std::fs::read_to_string(LOCKDOWN_PATH).ok()?)
+}
+
+/// The selected mode of a securityfs lockdown file ("none [integrity]
+/// confidentiality"), unless it is "none".
+fn parse_lockdown(text: &str) -> Option<String> {
+    let selected = text
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix('[').and_then(|w| w.strip_suffix(']')))?;
+    (selected != "none").then(|| selected.to_string())
+}
+
 impl Device {
     /// `PCIEIPC_IOC_LINK_STATUS`: the link above `bdf` (a `PCIEIPC_BDF`).
     pub fn link_status(&self, bdf: u32) -> Result<Link, DeviceError> {
@@ -54,6 +73,13 @@ impl Device {
             // The module fills before/after also when training timed out.
             Err(nix::errno::Errno::ETIMEDOUT) => false,
             Err(nix::errno::Errno::EPERM) => {
+                if let Some(mode) = lockdown_mode() {
+                    return Err(DeviceError::LockedDown {
+                        path: self.path.clone(),
+                        ioctl: "PCIEIPC_IOC_LINK_RETRAIN",
+                        mode,
+                    });
+                }
                 return Err(DeviceError::RetrainNotServed {
                     path: self.path.clone(),
                     bdf: format!(
@@ -63,7 +89,7 @@ impl Device {
                         (bdf >> 3) & 0x1f,
                         bdf & 7
                     ),
-                })
+                });
             }
             Err(errno) => return Err(self.ioctl_error("PCIEIPC_IOC_LINK_RETRAIN", errno)),
         };
@@ -153,5 +179,24 @@ impl std::os::fd::AsFd for Device {
     // `file` is the open /dev/pcieipc.
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.file.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lockdown;
+
+    #[test]
+    fn lockdown_mode_is_the_selected_word_unless_none() {
+        assert_eq!(parse_lockdown("[none] integrity confidentiality\n"), None);
+        assert_eq!(
+            parse_lockdown("none [integrity] confidentiality\n").as_deref(),
+            Some("integrity")
+        );
+        assert_eq!(
+            parse_lockdown("none integrity [confidentiality]").as_deref(),
+            Some("confidentiality")
+        );
+        assert_eq!(parse_lockdown(""), None);
     }
 }

@@ -46,6 +46,15 @@ pub enum DeviceError {
          directly above a device it binds (see `pcieipc device list`)"
     )]
     RetrainNotServed { path: PathBuf, bdf: String },
+    #[error(
+        "{path}: {ioctl} refused (EPERM): the kernel is locked down ({mode}, \
+         /sys/kernel/security/lockdown), which forbids raw PCI access"
+    )]
+    LockedDown {
+        path: PathBuf,
+        ioctl: &'static str,
+        mode: String,
+    },
     #[error("{path}: {ioctl} on device {device}: {errno}")]
     DeviceIoctl {
         path: PathBuf,
@@ -197,7 +206,9 @@ impl DeviceError {
             DeviceError::Ioctl { errno, .. }
             | DeviceError::DeviceIoctl { errno, .. }
             | DeviceError::Mmap { errno, .. } => Some(*errno),
-            DeviceError::RetrainNotServed { .. } => Some(nix::errno::Errno::EPERM),
+            DeviceError::RetrainNotServed { .. } | DeviceError::LockedDown { .. } => {
+                Some(nix::errno::Errno::EPERM)
+            }
             DeviceError::Open { .. }
             | DeviceError::AbiMismatch { .. }
             | DeviceError::ShortRecord { .. } => None,

@@ -19,6 +19,10 @@ mod dma;
 mod events;
 #[path = "guest/fuzz.rs"]
 mod fuzz;
+#[path = "guest/lockdown.rs"]
+mod lockdown;
+#[path = "guest/long_copy.rs"]
+mod long_copy;
 #[path = "guest/mappings.rs"]
 mod mappings;
 #[path = "guest/pingpong.rs"]
@@ -107,6 +111,21 @@ enum Command {
     DmaErrors,
     /// Copies between a DMA buffer and an ivshmem BAR2 window, verified.
     DmaBar,
+    /// BAR mmap and BAR copies work ("allowed") or get EPERM ("refused":
+    /// kernel locked down); DMA buffers work either way.
+    RawPci {
+        #[arg(long)]
+        expect: String,
+    },
+    /// The longest buffer <-> BAR2 CPU copies (16 MiB - 1, odd offsets),
+    /// ROUNDS times back to back, verified; a SCHED_FIFO thread on the same
+    /// CPU never waits more than MAX_LATENCY_MS for it.
+    BarCopyLong {
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        #[arg(long, default_value_t = 100)]
+        max_latency_ms: u64,
+    },
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
     /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
@@ -194,6 +213,11 @@ fn main() -> ExitCode {
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
         Command::DmaBar => report(dma::bar()),
+        Command::RawPci { expect } => report(lockdown::run(&expect)),
+        Command::BarCopyLong {
+            rounds,
+            max_latency_ms,
+        } => report(long_copy::run(rounds, max_latency_ms)),
         Command::CapsCheck => report(caps::run()),
         Command::MmapNode { node, device, bar } => report(mappings::mmap_node(&node, device, bar)),
         Command::DmaTouch {

@@ -261,7 +261,9 @@ impl CudaCommunicator {
         // slice. Every rank learns the same facts, so all choose alike.
         let mut addresses = vec![0i64; nranks];
         let address = communicator.gpu.pci_address().map_err(&err)?;
-        communicator.control.all_gather(&[address], &mut addresses)?;
+        communicator
+            .control
+            .all_gather(&[address], &mut addresses)?;
         let distinct = {
             let mut sorted = addresses.clone();
             sorted.sort_unstable();

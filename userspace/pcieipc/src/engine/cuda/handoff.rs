@@ -116,8 +116,8 @@ impl CudaCommunicator {
         timeout: Duration,
     ) -> Result<(), EngineError> {
         let err = on_rank(self.rank);
-        let block =
-            DeviceBuffer::<u8>::zeroed(&self.gpu, Exchange::bytes(self.nranks, window)).map_err(&err)?;
+        let block = DeviceBuffer::<u8>::zeroed(&self.gpu, Exchange::bytes(self.nranks, window))
+            .map_err(&err)?;
         let handle = ipc::export(&self.gpu, block.address()).map_err(&err)?;
         let mut handles = vec![0i64; HANDLE_WORDS * self.nranks];
         self.control.all_gather(&handle, &mut handles)?;
@@ -133,10 +133,7 @@ impl CudaCommunicator {
             });
         }
         let error = HostWord::new(&self.gpu).map_err(&err)?;
-        let ordering = self
-            .gpu
-            .new_event()
-            .map_err(&err)?;
+        let ordering = self.gpu.new_event().map_err(&err)?;
         self.exchange = Some(Exchange {
             gpu: self.gpu.clone(),
             block,
@@ -149,8 +146,7 @@ impl CudaCommunicator {
             last_stream: None,
         });
         // Every rank's block is zeroed before any peer may write into it.
-        self.control
-            .all_reduce_in_place(&mut [0i64], ReduceOp::Max)
+        self.control.all_reduce_in_place(&mut [0i64], ReduceOp::Max)
     }
 
     /// Whether calls hand over on the GPU.
@@ -292,7 +288,10 @@ impl CudaCommunicator {
         // each rank's segment (whole 16-byte vectors) fits a slot.
         let (which, piece) = match algorithm {
             Algorithm::OneShot => (HandoffKernel::OneShot, window / element),
-            Algorithm::Direct => (HandoffKernel::TwoShot, window / 16 * self.nranks * (16 / element)),
+            Algorithm::Direct => (
+                HandoffKernel::TwoShot,
+                window / 16 * self.nranks * (16 / element),
+            ),
             Algorithm::Ring => unreachable!("init keeps the ring on the host hand-off"),
         };
         let exchange = self.exchange.as_mut().expect("checked above");

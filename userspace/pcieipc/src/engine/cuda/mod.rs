@@ -15,10 +15,10 @@ mod registration;
 mod ring;
 
 pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
-pub use gpu::{CudaError, DeviceBuffer, Gpu};
-pub use handoff::Handoff;
 /// The stream type stream-ordered calls take (cudarc's).
 pub use cudarc::driver::CudaStream;
+pub use gpu::{CudaError, DeviceBuffer, Gpu};
+pub use handoff::Handoff;
 
 /// The name this backend's errors carry.
 pub const BACKEND: &str = "cuda";
