@@ -47,6 +47,9 @@ run() {
     log "pcieipc bench --transport cuda --handoff gpu, 2 ranks on GPU 0 (forced: they are time-sliced), results checked"
     "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu \
         -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
+    log "the same, the timed calls captured in a CUDA graph and replayed (-G)"
+    "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \
+        -b 8 -e 256M -f 64 -n 20 -w 5 -c 1 || failed=1
     if [ "$failed" = 0 ]; then echo "GPU tests: PASSED"; else echo "GPU tests: FAILED"; fi
     [ "$failed" = 0 ]
 }

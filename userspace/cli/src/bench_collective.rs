@@ -2,7 +2,9 @@
 //! one (shm or pcieipc transport, buffers in host memory) or the CUDA one
 //! (buffers in GPU memory). Timing, checking and the table are shared.
 
-use anyhow::Context;
+use anyhow::{bail, Context};
+use pcieipc::engine::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use pcieipc::engine::cuda::cudarc::driver::CudaGraph;
 use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, PeerRead};
 use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
@@ -60,6 +62,14 @@ pub trait Collective {
     /// Waits for every queued call.
     fn wait_queued(&mut self) -> anyhow::Result<()> {
         Ok(())
+    }
+    /// Starts capturing the calls queued from now on into a CUDA graph.
+    fn begin_graph(&mut self) -> anyhow::Result<()> {
+        bail!("--graph needs calls queued on a GPU stream: --transport cuda with the GPU hand-off")
+    }
+    /// Ends the capture `begin_graph` started.
+    fn end_graph(&mut self) -> anyhow::Result<CudaGraph> {
+        bail!("--graph needs calls queued on a GPU stream")
     }
 }
 
@@ -253,5 +263,23 @@ impl Collective for CudaCommunicator {
 
     fn wait_queued(&mut self) -> anyhow::Result<()> {
         Ok(self.wait_for_gpu()?)
+    }
+
+    fn begin_graph(&mut self) -> anyhow::Result<()> {
+        if !self.hands_off_on_gpu() {
+            bail!("--graph needs the GPU hand-off (--handoff gpu, or a GPU per rank)");
+        }
+        self.gpu()
+            .stream_handle()
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .context("starting a CUDA graph capture")
+    }
+
+    fn end_graph(&mut self) -> anyhow::Result<CudaGraph> {
+        self.gpu()
+            .stream_handle()
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .context("ending the CUDA graph capture")?
+            .context("the capture recorded no graph")
     }
 }

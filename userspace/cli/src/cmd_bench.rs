@@ -134,6 +134,10 @@ pub struct Args {
     /// rank has a GPU of its own).
     #[arg(long, value_name = "auto|gpu|host", default_value = "auto", value_parser = ["auto", "gpu", "host"])]
     handoff: String,
+    /// With --transport cuda on the GPU hand-off: capture the timed calls in
+    /// a CUDA graph and time one replay of it (nccl-tests' -G).
+    #[arg(short = 'G', long)]
+    graph: bool,
     /// Instead of the sweep: rank 0 waits in one 8-byte all_reduce for peers
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
@@ -569,12 +573,31 @@ fn measure<C: Collective, T: BenchElement>(
         queue(comm, &mut output)?;
     }
     comm.wait_queued()?;
+    let graph = if args.graph {
+        comm.begin_graph()?;
+        for _ in 0..args.iters {
+            queue(comm, &mut output)?;
+        }
+        let graph = comm.end_graph()?;
+        // The first replay uploads the graph: untimed.
+        graph.launch().context("replaying the CUDA graph")?;
+        comm.wait_queued()?;
+        Some(graph)
+    } else {
+        None
+    };
     let faults_before = minor_page_faults()?;
     // As nccl-tests: the calls back to back (queued, where the communicator
-    // queues them on a stream), then one wait.
+    // queues them on a stream), or one replay of them captured in a graph,
+    // then one wait.
     let started = Instant::now();
-    for _ in 0..args.iters {
-        queue(comm, &mut output)?;
+    match &graph {
+        Some(graph) => graph.launch().context("replaying the CUDA graph")?,
+        None => {
+            for _ in 0..args.iters {
+                queue(comm, &mut output)?;
+            }
+        }
     }
     comm.wait_queued()?;
     let elapsed = started.elapsed();

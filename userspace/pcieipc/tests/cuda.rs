@@ -394,6 +394,52 @@ fn registered_input_is_read_in_place_by_the_peers() {
 }
 
 #[test]
+fn a_dropped_registered_buffer_stays_allocated_until_deregistered() {
+    run_ranks(
+        "a_dropped_registered_buffer_stays_allocated_until_deregistered",
+        2,
+        LIMIT,
+        |role| {
+            let mut comm = join(&role, "dropped", options(AlgorithmChoice::Auto));
+            let gpu = comm.gpu().clone();
+            let count = 4 << 20;
+            // What the test relies on: unregistered, a freed block's address
+            // comes back at the next allocation of its size.
+            let probe = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+            let freed = probe.address();
+            drop(probe);
+            let again = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+            assert_eq!(
+                again.address(),
+                freed,
+                "cuMemAlloc did not reuse a freed block"
+            );
+            drop(again);
+            let registered = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+            comm.register(&registered).unwrap();
+            let address = registered.address();
+            drop(registered);
+            // Peers still map it: the same-sized allocation that follows must
+            // not land on it (cuMemAlloc reuses a just-freed block).
+            let next = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+            assert_ne!(
+                next.address(),
+                address,
+                "rank {}: a dropped registered buffer's address was reused while peers map it",
+                role.rank
+            );
+            let mut ones = DeviceBuffer::<f32>::from_host(&gpu, &vec![1.0; count]).unwrap();
+            comm.all_reduce_in_place(&mut ones, ReduceOp::Sum).unwrap();
+            assert!(ones
+                .to_host()
+                .unwrap()
+                .iter()
+                .all(|&v| v == role.nranks as f32));
+        },
+    );
+}
+
+#[test]
 fn mismatched_counts_are_reported_by_every_rank() {
     run_ranks(
         "mismatched_counts_are_reported_by_every_rank",

@@ -306,18 +306,44 @@ impl Drop for HostWord {
     }
 }
 
+/// A block of device memory from cuMemAlloc, freed when the last holder
+/// drops it: its buffer, and a registration that peers map (so a buffer
+/// dropped while registered stays allocated, and its address cannot be
+/// reused, until it is deregistered).
+pub(crate) struct Allocation {
+    gpu: Arc<Gpu>,
+    ptr: sys::CUdeviceptr,
+}
+
+// SAFETY: a device address plus an owned allocation; the context it belongs
+// to is bound before every use.
+unsafe impl Send for Allocation {}
+// SAFETY: as above; `&Allocation` only reads the address.
+unsafe impl Sync for Allocation {}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        // A failure here leaves nothing to recover: the context is going away
+        // or already broken, and the driver reclaims the block with it.
+        if self.gpu.bind().is_ok() {
+            // Queued work that used the block is drained first.
+            let _ = self.gpu.synchronize();
+            // SAFETY: allocated by malloc_sync in this context, and no queued
+            // work uses it any more.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
 /// `len` elements of `T` in device memory allocated with cuMemAlloc, so that
 /// its IPC handle can be opened by the other ranks (registered buffers).
 pub struct DeviceBuffer<T> {
     gpu: Arc<Gpu>,
+    allocation: Arc<Allocation>,
     ptr: sys::CUdeviceptr,
     len: usize,
     _element: PhantomData<T>,
 }
-
-// SAFETY: the buffer is a device address plus an owned allocation; the
-// context it belongs to is bound before every use.
-unsafe impl<T: Send> Send for DeviceBuffer<T> {}
 
 impl<T: Element> DeviceBuffer<T> {
     /// A buffer of `len` zeroed elements on `gpu`.
@@ -330,6 +356,10 @@ impl<T: Element> DeviceBuffer<T> {
             .map_err(gpu.driver("allocating device memory"))?;
         let buffer = DeviceBuffer {
             gpu: gpu.clone(),
+            allocation: Arc::new(Allocation {
+                gpu: gpu.clone(),
+                ptr,
+            }),
             ptr,
             len,
             _element: PhantomData,
@@ -409,22 +439,14 @@ impl<T: Element> DeviceBuffer<T> {
 }
 
 impl<T> DeviceBuffer<T> {
-    /// The device address of element 0.
-    pub(crate) fn address(&self) -> u64 {
+    /// The device address of element 0 (what `all_reduce_raw` and other
+    /// CUDA APIs take).
+    pub fn address(&self) -> u64 {
         self.ptr
     }
-}
 
-impl<T> Drop for DeviceBuffer<T> {
-    fn drop(&mut self) {
-        // A failure here leaves nothing to recover: the context is going away
-        // or already broken, and the driver reclaims the block with it.
-        if self.gpu.bind().is_ok() {
-            // Queued work that used the block is drained first.
-            let _ = self.gpu.finish();
-            // SAFETY: allocated by malloc_sync in this context, and no queued
-            // work uses it any more.
-            let _ = unsafe { result::free_sync(self.ptr) };
-        }
+    /// The allocation behind the buffer, to keep it alive past the buffer.
+    pub(crate) fn allocation(&self) -> Arc<Allocation> {
+        self.allocation.clone()
     }
 }

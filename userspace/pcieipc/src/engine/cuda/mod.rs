@@ -15,6 +15,9 @@ mod registration;
 mod ring;
 
 pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
+/// cudarc itself, for graphs and the rest of the CUDA API around the
+/// stream-ordered calls, at the version this crate uses.
+pub use cudarc;
 /// The stream type stream-ordered calls take (cudarc's).
 pub use cudarc::driver::CudaStream;
 pub use gpu::{CudaError, DeviceBuffer, Gpu};

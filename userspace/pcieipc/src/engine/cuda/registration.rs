@@ -2,7 +2,9 @@
 //! directly instead of through staging.
 
 use super::communicator::{on_rank, CudaCommunicator, DataPath};
-use super::gpu::DeviceBuffer;
+use std::sync::Arc;
+
+use super::gpu::{Allocation, DeviceBuffer};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use crate::engine::{Element, EngineError, ReduceOp};
 
@@ -10,13 +12,18 @@ use crate::engine::{Element, EngineError, ReduceOp};
 pub(super) struct Registration {
     pub(super) bytes: usize,
     pub(super) peers: Vec<Option<PeerMemory>>,
+    /// The registered memory, kept allocated while peers may map it: a
+    /// buffer dropped while registered is freed at deregistration, so its
+    /// address is never reused (and read through a stale mapping) before.
+    _allocation: Arc<Allocation>,
 }
 
 impl CudaCommunicator {
     /// Registers `buffer` for direct peer reads: later all_reduce calls whose
     /// input it is skip the copy into staging. Collective: every rank
-    /// registers its counterpart buffer, in the same order. A buffer must be
-    /// deregistered (collectively) before it is dropped.
+    /// registers its counterpart buffer, in the same order. A buffer dropped
+    /// while registered stays allocated until it is deregistered (or the
+    /// communicator drops), so peers never map freed or reused memory.
     pub fn register<T: Element>(&mut self, buffer: &DeviceBuffer<T>) -> Result<(), EngineError> {
         let err = on_rank(self.rank);
         let bytes = buffer.len() * std::mem::size_of::<T>();
@@ -44,8 +51,14 @@ impl CudaCommunicator {
                 None
             });
         }
-        self.registered
-            .insert(buffer.address(), Registration { bytes, peers });
+        self.registered.insert(
+            buffer.address(),
+            Registration {
+                bytes,
+                peers,
+                _allocation: buffer.allocation(),
+            },
+        );
         Ok(())
     }
 
