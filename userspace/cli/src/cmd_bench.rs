@@ -601,10 +601,12 @@ fn measure<C: Collective, T: BenchElement>(
     }
     comm.wait_queued()?;
     let elapsed = started.elapsed();
+    // Before the exchanges below: on a host transport they are calls of the
+    // same communicator.
+    let chunk_bytes = comm.last_call().map_or(0, |call| call.chunk_bytes);
     let mut page_faults = [(minor_page_faults()? - faults_before) as i64];
     comm.host()
         .all_reduce_in_place(&mut page_faults, ReduceOp::Sum)?;
-    let chunk_bytes = comm.last_call().map_or(0, |call| call.chunk_bytes);
     // nccl-tests reports the time averaged over ranks.
     let mut seconds = [elapsed.as_secs_f64() / args.iters.max(1) as f64];
     comm.host()
