@@ -819,3 +819,118 @@ fn gpu_handoff_killed_rank_is_named_within_the_timeout() {
     let outputs = wait_ranks(spawn_ranks(TEST, 2, &[0, 1]), LIMIT);
     assert_only_victim_killed(&outputs, VICTIM);
 }
+
+/// reduce_scatter, all_gather (out of place, and in place through the raw
+/// call) and broadcast from every root on the GPU hand-off, every dtype,
+/// at counts that take one launch and several, against the CPU reference.
+fn other_collectives_on_the_gpu_handoff(role: Role) {
+    let mut comm = join(&role, "h-others", handoff_options(AlgorithmChoice::Auto));
+    let gpu = comm.gpu().clone();
+    let (rank, nranks) = (role.rank, role.nranks);
+    let window = CudaOptions::default().handoff_window;
+    let mut failures = Vec::new();
+    // Exact small integers in every type: i (mod 7) + rank.
+    let value = |r: usize, i: usize| ((i % 7) + r) as f64;
+    for count in [0usize, 1, 7919, window / 4 + 3, 3 * window / 4 + 5] {
+        // reduce_scatter, sum: rank r's output[i] = Σ_k value(k, r·count + i).
+        let input: Vec<f32> = (0..nranks * count).map(|i| value(rank, i) as f32).collect();
+        let input = DeviceBuffer::from_host(&gpu, &input).unwrap();
+        let mut output = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+        comm.reduce_scatter(&input, &mut output, ReduceOp::Sum)
+            .unwrap();
+        let got = output.to_host().unwrap();
+        if let Some(i) = (0..count).find(|&i| {
+            got[i] != (0..nranks).map(|k| value(k, rank * count + i)).sum::<f64>() as f32
+        }) {
+            failures.push(format!(
+                "reduce_scatter count {count}: element {i} is {}",
+                got[i]
+            ));
+        }
+        // all_gather: output[k·count + i] = value(k, i).
+        let mine: Vec<i32> = (0..count).map(|i| value(rank, i) as i32).collect();
+        let want: Vec<i32> = (0..nranks * count)
+            .map(|j| value(j / count.max(1), j % count.max(1)) as i32)
+            .collect();
+        let input = DeviceBuffer::from_host(&gpu, &mine).unwrap();
+        let mut output = DeviceBuffer::<i32>::zeroed(&gpu, nranks * count).unwrap();
+        comm.all_gather(&input, &mut output).unwrap();
+        if output.to_host().unwrap() != want {
+            failures.push(format!("all_gather count {count}: wrong"));
+        }
+        // In place: this rank's input already sits in its part of the output.
+        let mut staged = vec![0i32; nranks * count];
+        staged[rank * count..][..count].copy_from_slice(&mine);
+        let in_place = DeviceBuffer::from_host(&gpu, &staged).unwrap();
+        let stream = gpu.stream_handle();
+        // SAFETY: `in_place` holds N·count i32s; this rank's part starts at
+        // rank·count, and the wait below ends the call before it drops.
+        unsafe {
+            comm.all_gather_raw(
+                in_place.address() + (rank * count * 4) as u64,
+                in_place.address(),
+                count,
+                DType::I32,
+                &stream,
+            )
+        }
+        .unwrap();
+        comm.wait_for_gpu().unwrap();
+        if in_place.to_host().unwrap() != want {
+            failures.push(format!("all_gather in place, count {count}: wrong"));
+        }
+        // broadcast from every root, u8 and f64.
+        for root in 0..nranks {
+            let mut bytes = DeviceBuffer::from_host(
+                &gpu,
+                &(0..count)
+                    .map(|i| (i * 3 + rank) as u8)
+                    .collect::<Vec<u8>>(),
+            )
+            .unwrap();
+            comm.broadcast(&mut bytes, root).unwrap();
+            if bytes.to_host().unwrap()
+                != (0..count)
+                    .map(|i| (i * 3 + root) as u8)
+                    .collect::<Vec<u8>>()
+            {
+                failures.push(format!("broadcast u8 from {root}, count {count}: wrong"));
+            }
+            let mut wide = DeviceBuffer::from_host(
+                &gpu,
+                &(0..count)
+                    .map(|i| value(rank, i) + 0.5)
+                    .collect::<Vec<f64>>(),
+            )
+            .unwrap();
+            comm.broadcast(&mut wide, root).unwrap();
+            if wide.to_host().unwrap()
+                != (0..count)
+                    .map(|i| value(root, i) + 0.5)
+                    .collect::<Vec<f64>>()
+            {
+                failures.push(format!("broadcast f64 from {root}, count {count}: wrong"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "rank {rank}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    match comm.broadcast(&mut DeviceBuffer::<u8>::zeroed(&gpu, 4).unwrap(), nranks) {
+        Err(EngineError::RootOutOfRange { root, .. }) => assert_eq!(root, nranks),
+        other => panic!("root {nranks} of {nranks}: {other:?}"),
+    }
+}
+
+#[test]
+fn gpu_handoff_reduce_scatter_all_gather_broadcast_with_3_ranks() {
+    run_ranks(
+        "gpu_handoff_reduce_scatter_all_gather_broadcast_with_3_ranks",
+        3,
+        LIMIT,
+        other_collectives_on_the_gpu_handoff,
+    );
+}

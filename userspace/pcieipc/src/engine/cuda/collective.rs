@@ -126,6 +126,42 @@ impl CudaCommunicator {
         Ok(None)
     }
 
+    /// Rank r's `output` = `op` over all ranks' `input[r·m..(r+1)·m]`
+    /// (m = `output.len()`). Needs the GPU hand-off.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<(), EngineError> {
+        let stream = self.gpu.stream().clone();
+        self.reduce_scatter_on_stream(input, output, op, &stream)?;
+        self.wait_for_gpu()
+    }
+
+    /// `output[r·m..(r+1)·m]` = rank r's `input` (m = `input.len()`). Needs
+    /// the GPU hand-off.
+    pub fn all_gather<T: Element>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+    ) -> Result<(), EngineError> {
+        let stream = self.gpu.stream().clone();
+        self.all_gather_on_stream(input, output, &stream)?;
+        self.wait_for_gpu()
+    }
+
+    /// Every rank's `buffer` = rank `root`'s. Needs the GPU hand-off.
+    pub fn broadcast<T: Element>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<(), EngineError> {
+        let stream = self.gpu.stream().clone();
+        self.broadcast_on_stream(buffer, root, &stream)?;
+        self.wait_for_gpu()
+    }
+
     /// Waits, asleep on a blocking-sync event, until this GPU's stream has
     /// run every call queued on it, then reports what the hand-off kernels
     /// reported (the blocking calls end with this).

@@ -32,7 +32,9 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use super::communicator::{on_rank, CudaCommunicator};
 use super::gpu::{CudaError, DeviceBuffer, Gpu, HostWord};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
-use super::kernels::{ExchangeArg, HandoffKernel, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES};
+use super::kernels::{
+    ExchangeArg, HandoffKernel, HandoffLaunch, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES,
+};
 use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CallKind, DType, Element, EngineError, ReduceOp,
 };
@@ -65,6 +67,22 @@ fn failure(word: u32, rank: usize, timeout: Duration) -> EngineError {
         },
         _ => EngineError::PeerGpuFailed { rank },
     }
+}
+
+/// One collective as the launches see it: `count` elements per rank's part,
+/// in launches of `piece` elements; `stride` elements between ranks' parts
+/// of the input (reduce-scatter) or output (all-gather).
+struct Call {
+    kind: CallKind,
+    kernel: HandoffKernel,
+    dtype: DType,
+    op: ReduceOp,
+    count: usize,
+    piece: usize,
+    input: u64,
+    output: u64,
+    stride: usize,
+    root: usize,
 }
 
 /// The exchange blocks and the state of the calls so far.
@@ -178,9 +196,11 @@ impl CudaCommunicator {
     ) -> Result<(), EngineError> {
         EngineError::check_length("all_reduce output", output.len(), input.len())?;
         self.check_gpu(input.gpu())?;
-        // SAFETY: both buffers hold `input.len()` elements of `T` and live
-        // until the caller's stream has run the call (the caller's promise
-        // for stream-ordered work, as with any CUDA API).
+        self.check_gpu(output.gpu())?;
+        // SAFETY: both buffers hold `input.len()` elements of `T`; their
+        // memory is freed only once every stream of the context has drained
+        // (an allocation's drop synchronizes the context), so the queued
+        // launches never touch freed memory.
         unsafe {
             self.all_reduce_raw(
                 input.address(),
@@ -251,81 +271,237 @@ impl CudaCommunicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<(), EngineError> {
-        let err = on_rank(self.rank);
+        let window = self.handoff_window()?;
+        let algorithm = self.handoff_algorithm(count * dtype.size_bytes(), window);
+        // One-shot: the message fits a slot; two-shot: each rank's segment
+        // (whole 16-byte vectors) does.
+        let (kernel, piece) = match algorithm {
+            Algorithm::OneShot => (HandoffKernel::OneShot, window / dtype.size_bytes()),
+            Algorithm::Direct => (
+                HandoffKernel::TwoShot,
+                window / 16 * self.nranks * 16 / dtype.size_bytes(),
+            ),
+            Algorithm::Ring => unreachable!("init keeps the ring on the host hand-off"),
+        };
+        let call = Call {
+            kind: CallKind::AllReduce,
+            kernel,
+            dtype,
+            op,
+            count,
+            piece,
+            input,
+            output,
+            stride: 0,
+            root: 0,
+        };
+        // SAFETY: the caller's promise, as `queue` needs it.
+        unsafe { self.queue(call, algorithm, stream) }
+    }
+
+    /// Queues rank r's `output` = `op` over all ranks' `input[r·m..(r+1)·m]`
+    /// (m = `output.len()`, `input.len()` = N·m) on `stream`. As
+    /// [`all_reduce_on_stream`](Self::all_reduce_on_stream): returns at once.
+    pub fn reduce_scatter_on_stream<T: Element>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        EngineError::check_length(
+            "reduce_scatter input",
+            input.len(),
+            self.nranks * output.len(),
+        )?;
+        self.check_gpu(input.gpu())?;
+        self.check_gpu(output.gpu())?;
+        let window = self.handoff_window()?;
+        let call = Call {
+            kind: CallKind::ReduceScatter,
+            kernel: HandoffKernel::ReduceScatter,
+            dtype: T::DTYPE,
+            op,
+            count: output.len(),
+            piece: window / std::mem::size_of::<T>(),
+            input: input.address(),
+            output: output.address(),
+            stride: output.len(),
+            root: 0,
+        };
+        // SAFETY: `input` holds N·m and `output` m elements of `T`; freed
+        // memory waits for the context's streams (as in all_reduce_on_stream).
+        unsafe { self.queue(call, Algorithm::Direct, stream) }
+    }
+
+    /// Queues `output[r·m..(r+1)·m]` = rank r's `input` (m = `input.len()`,
+    /// `output.len()` = N·m) on `stream`; `input` may be this rank's part of
+    /// `output` only through [`all_gather_raw`](Self::all_gather_raw).
+    pub fn all_gather_on_stream<T: Element>(
+        &mut self,
+        input: &DeviceBuffer<T>,
+        output: &mut DeviceBuffer<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        EngineError::check_length("all_gather output", output.len(), self.nranks * input.len())?;
+        self.check_gpu(input.gpu())?;
+        self.check_gpu(output.gpu())?;
+        // SAFETY: as in `reduce_scatter_on_stream`, the other way round.
+        unsafe {
+            self.all_gather_raw(
+                input.address(),
+                output.address(),
+                input.len(),
+                T::DTYPE,
+                stream,
+            )
+        }
+    }
+
+    /// The all_gather of `count` elements of `dtype` per rank from `input`
+    /// into `output` (N·`count` elements; `input` may be this rank's part of
+    /// it, for in place).
+    ///
+    /// # Safety
+    ///
+    /// As `all_reduce_raw`, with `output` holding N·`count` elements.
+    pub unsafe fn all_gather_raw(
+        &mut self,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        let window = self.handoff_window()?;
+        let call = Call {
+            kind: CallKind::AllGather,
+            kernel: HandoffKernel::AllGather,
+            dtype,
+            op: ReduceOp::Sum,
+            count,
+            piece: window / dtype.size_bytes(),
+            input,
+            output,
+            stride: count,
+            root: 0,
+        };
+        // SAFETY: the caller's promise.
+        unsafe { self.queue(call, Algorithm::Direct, stream) }
+    }
+
+    /// Queues every rank's `buffer` = rank `root`'s on `stream`.
+    pub fn broadcast_on_stream<T: Element>(
+        &mut self,
+        buffer: &mut DeviceBuffer<T>,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        if root >= self.nranks {
+            return Err(EngineError::RootOutOfRange {
+                root,
+                nranks: self.nranks,
+            });
+        }
+        self.check_gpu(buffer.gpu())?;
+        let window = self.handoff_window()?;
+        let call = Call {
+            kind: CallKind::Broadcast,
+            kernel: HandoffKernel::Broadcast,
+            dtype: T::DTYPE,
+            op: ReduceOp::Sum,
+            count: buffer.len(),
+            piece: window / std::mem::size_of::<T>(),
+            input: buffer.address(),
+            output: buffer.address(),
+            stride: 0,
+            root,
+        };
+        // SAFETY: `buffer` holds `count` elements; freed memory waits for
+        // the context's streams.
+        unsafe { self.queue(call, Algorithm::OneShot, stream) }
+    }
+
+    /// The slot size of the GPU hand-off, after checking that calls may be
+    /// made: the hand-off is open and no kernel has reported a failure.
+    fn handoff_window(&self) -> Result<usize, EngineError> {
         if let Some(failure) = self.gpu_failure() {
             return Err(failure);
         }
-        let Some(exchange) = self.exchange.as_ref() else {
-            return Err(EngineError::transport(
-                self.rank,
-                super::BACKEND,
-                CudaError::NoGpuHandoff,
-            ));
-        };
-        let (window, blocks) = (exchange.window, exchange.blocks);
-        let element = dtype.size_bytes();
-        let algorithm = self.handoff_algorithm(count * element, window);
+        self.exchange
+            .as_ref()
+            .map(|exchange| exchange.window)
+            .ok_or_else(|| {
+                EngineError::transport(self.rank, super::BACKEND, CudaError::NoGpuHandoff)
+            })
+    }
+
+    /// Queues `call`, one launch per `piece` elements.
+    ///
+    /// # Safety
+    ///
+    /// `call.input` and `call.output` are device addresses of this
+    /// communicator's GPU holding what `call.kernel` reads and writes for
+    /// `call.count` elements (and `call.stride`), alive until `stream` has
+    /// run the call.
+    unsafe fn queue(
+        &mut self,
+        call: Call,
+        algorithm: Algorithm,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
+        let err = on_rank(self.rank);
         self.last_call = Some(CallDescriptor {
-            kind: CallKind::AllReduce,
-            dtype,
-            op: Some(op),
-            count: count as u64,
-            root: 0,
+            kind: call.kind,
+            dtype: call.dtype,
+            op: (call.kind == CallKind::AllReduce || call.kind == CallKind::ReduceScatter)
+                .then_some(call.op),
+            count: call.count as u64,
+            root: call.root as u32,
             algorithm,
             chunk_bytes: 0,
         });
-        if count == 0 {
+        if call.count == 0 {
             return Ok(());
         }
-        let kernel = self.gpu.kernel(dtype, op).map_err(&err)?;
-        let divide_by = if op == ReduceOp::Avg {
+        let kernel = self.gpu.kernel(call.dtype, call.op).map_err(&err)?;
+        let divide_by = if call.op == ReduceOp::Avg {
             self.nranks as u32
         } else {
             0
         };
         self.order_after_last_call(stream).map_err(&err)?;
-        // Elements per launch: one-shot, the message fits a slot; two-shot,
-        // each rank's segment (whole 16-byte vectors) fits a slot.
-        let (which, piece) = match algorithm {
-            Algorithm::OneShot => (HandoffKernel::OneShot, window / element),
-            Algorithm::Direct => (
-                HandoffKernel::TwoShot,
-                window / 16 * self.nranks * (16 / element),
-            ),
-            Algorithm::Ring => unreachable!("init keeps the ring on the host hand-off"),
+        let (rank, nranks, element) = (self.rank, self.nranks, call.dtype.size_bytes());
+        let exchange = self.exchange.as_mut().expect("handoff_window checked it");
+        let argument = ExchangeArg {
+            base: std::array::from_fn(|rank| match exchange.peers.get(rank) {
+                Some(Some(peer)) => peer.address(),
+                Some(None) => exchange.block.address(),
+                None => 0,
+            }),
+            window: exchange.window as u64,
+            rank: rank as u32,
+            nranks: nranks as u32,
+            timeout_ns: exchange.timeout.as_nanos() as u64,
+            error: exchange.error.device_address(),
         };
-        let exchange = self.exchange.as_mut().expect("checked above");
-        let base = std::array::from_fn(|rank| match exchange.peers.get(rank) {
-            Some(Some(peer)) => peer.address(),
-            Some(None) => exchange.block.address(),
-            None => 0,
-        });
         let mut done = 0;
-        while done < count {
-            let len = piece.min(count - done);
-            let argument = ExchangeArg {
-                base,
-                window: window as u64,
-                rank: self.rank as u32,
-                nranks: self.nranks as u32,
-                timeout_ns: exchange.timeout.as_nanos() as u64,
-                error: exchange.error.device_address(),
-            };
+        while done < call.count {
+            let elements = call.piece.min(call.count - done);
             let offset = (done * element) as u64;
+            let launch = HandoffLaunch {
+                kernel: call.kernel,
+                dst: call.output + offset,
+                src: call.input + offset,
+                elements,
+                stride: call.stride,
+                divide_by,
+                root: call.root as u32,
+            };
             kernel
-                .handoff(
-                    &self.gpu,
-                    which,
-                    stream,
-                    blocks,
-                    output + offset,
-                    input + offset,
-                    len,
-                    divide_by,
-                    &argument,
-                )
+                .handoff(&self.gpu, &launch, stream, exchange.blocks, &argument)
                 .map_err(&err)?;
-            done += len;
+            done += elements;
         }
         Ok(())
     }

@@ -195,28 +195,35 @@ __device__ __forceinline__ void signal(const Exchange& x, u64 epoch, unsigned at
     }
 }
 
-// Waits until every peer raised this block's flag of `phase` here; false
-// (error word set) when one has not within the timeout.
-__device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase) {
+// Thread 0: waits until `peer` raised this block's flag of `phase` here;
+// false (the error word set, unless another block set it first) when it has
+// not within the timeout.
+__device__ bool await_one(const Exchange& x, u64 epoch, unsigned phase, unsigned peer) {
+    u64 started = globaltimer();
+    const u64* flag = flag_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
+    for (unsigned polls = 1; load_acquire(flag) < epoch; polls++) {
+        // Another block's failure ends this wait too (the error word is host
+        // memory: read it now and then, not on every poll).
+        if (polls % 256 == 0 && *x.error != 0) return false;
+        if (globaltimer() - started > x.timeout_ns) {
+            *x.error = 0x10000u | (phase << 8) | peer;
+            __threadfence_system();
+            return false;
+        }
+        __nanosleep(64);
+    }
+    return true;
+}
+
+// Waits until `peer` (or, with peer = HMAX, every peer) raised this block's
+// flag of `phase` here; false when one has not (see await_one).
+__device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase, unsigned peer = HMAX) {
     __shared__ int ok;
     if (threadIdx.x == 0) {
         ok = 1;
-        u64 started = globaltimer();
-        for (unsigned peer = 0; peer < x.nranks && ok; peer++) {
-            if (peer == x.rank) continue;
-            const u64* flag = flag_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
-            for (unsigned polls = 1; load_acquire(flag) < epoch; polls++) {
-                // Another block's failure ends this wait too (the error word
-                // is host memory: read it now and then, not on every poll).
-                if (polls % 256 == 0 && *x.error != 0) { ok = 0; break; }
-                if (globaltimer() - started > x.timeout_ns) {
-                    *x.error = 0x10000u | (phase << 8) | peer;
-                    __threadfence_system();
-                    ok = 0;
-                    break;
-                }
-                __nanosleep(64);
-            }
+        for (unsigned k = 0; k < x.nranks && ok; k++) {
+            if (k == x.rank || (peer != HMAX && k != peer)) continue;
+            ok = await_one(x, epoch, phase, k);
         }
     }
     __syncthreads();
@@ -226,7 +233,9 @@ __device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase) {
 // out[i] = op over every rank's in[i] in rank order (as `one_shot`):
 // each rank pushes its input into every peer's inbox, then reduces its own
 // inbox. For messages up to one window.
-extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const S* in, u64 n, unsigned div, Exchange x) {
+// Every hand-off kernel takes (out, in, n, stride, div, root, x); each uses
+// what it needs of them.
+extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     u64 start, end;
@@ -260,7 +269,7 @@ __device__ __forceinline__ u64 seg_start(u64 n, unsigned nranks, unsigned k) {
 // into owner s's inbox; the owner reduces its segment (rank order), writes it
 // to its output and pushes it into every peer's results; each rank copies the
 // others' results into its output. For segments up to one window.
-extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const S* in, u64 n, unsigned div, Exchange x) {
+extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     for (unsigned owner = 0; owner < x.nranks; owner++) {
@@ -300,6 +309,88 @@ extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const
         share(len, &start, &end);
         copy_share((char*)(out + base), results(x, x.rank, parity, owner), start, end);
     }
+    finish(x, epoch);
+}
+"#;
+
+/// The reduce-scatter, all-gather and broadcast kernels of the GPU hand-off
+/// (appended to COMMON's hand-off section).
+const HANDOFF_COLLECTIVES: &str = r#"
+// reduce_scatter: out[i] = op over every rank's in[rank * stride + i], in
+// rank order, i < n. Segment s of the input goes to owner s's inbox.
+extern "C" __global__ void __launch_bounds__(512) handoff_reduce_scatter(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+    u64 epoch = begin(x);
+    unsigned parity = epoch & 1;
+    u64 start, end;
+    share(n, &start, &end);
+    for (unsigned owner = 0; owner < x.nranks; owner++) {
+        if (owner == x.rank) continue;
+        copy_share(inbox(x, owner, parity, x.rank), (const char*)(in + owner * stride), start, end);
+        signal(x, epoch, owner, 0);
+    }
+    if (!await_peers(x, epoch, 0)) return;
+    const S* mine = in + x.rank * stride;
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const S* first = x.rank == 0 ? mine : (const S*)inbox(x, x.rank, parity, 0);
+        S r = first[i];
+        for (unsigned k = 1; k < x.nranks; k++) {
+            const S* src = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
+            r = apply(src[i], r, 0);
+        }
+        if (div) r = ST(DIV(LD(r), div));
+        out[i] = r;
+    }
+    finish(x, epoch);
+}
+
+// all_gather: out[r * stride + i] = rank r's in[i], i < n. Each rank pushes
+// its input into every peer's result slot (in place when in is its own
+// part of out).
+extern "C" __global__ void __launch_bounds__(512) handoff_all_gather(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+    u64 epoch = begin(x);
+    unsigned parity = epoch & 1;
+    u64 start, end;
+    share(n, &start, &end);
+    for (unsigned peer = 0; peer < x.nranks; peer++) {
+        if (peer == x.rank) continue;
+        copy_share(results(x, peer, parity, x.rank), (const char*)in, start, end);
+        signal(x, epoch, peer, 1);
+    }
+    S* own = out + x.rank * stride;
+    if (own != in) copy_share((char*)own, (const char*)in, start, end);
+    if (!await_peers(x, epoch, 1)) return;
+    for (unsigned owner = 0; owner < x.nranks; owner++) {
+        if (owner == x.rank) continue;
+        copy_share((char*)(out + owner * stride), results(x, x.rank, parity, owner), start, end);
+    }
+    finish(x, epoch);
+}
+
+// broadcast: every rank's out = root's in, n elements. The root pushes into
+// every peer's inbox. Every rank also tells every other that it has started
+// this launch, and waits to hear the same: a rank's next launches rewrite
+// peers' slots only once those peers are done with the launch before this one
+// (the root alone waiting for nobody would break that).
+extern "C" __global__ void __launch_bounds__(512) handoff_broadcast(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+    u64 epoch = begin(x);
+    unsigned parity = epoch & 1;
+    u64 start, end;
+    share(n, &start, &end);
+    for (unsigned peer = 0; peer < x.nranks; peer++) {
+        if (peer != x.rank) signal(x, epoch, peer, 1);
+    }
+    if (x.rank == root) {
+        for (unsigned peer = 0; peer < x.nranks; peer++) {
+            if (peer == x.rank) continue;
+            copy_share(inbox(x, peer, parity, root), (const char*)in, start, end);
+            signal(x, epoch, peer, 0);
+        }
+        if (out != in) copy_share((char*)out, (const char*)in, start, end);
+    } else {
+        if (!await_peers(x, epoch, 0, root)) return;
+        copy_share((char*)out, inbox(x, x.rank, parity, root), start, end);
+    }
+    if (!await_peers(x, epoch, 1)) return;
     finish(x, epoch);
 }
 "#;
@@ -394,6 +485,22 @@ unsafe impl DeviceRepr for ExchangeArg {}
 pub(crate) enum HandoffKernel {
     OneShot,
     TwoShot,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+}
+
+/// One hand-off launch: `elements` elements from `src` into `dst`; `stride`
+/// elements between ranks' segments (reduce-scatter's input, all-gather's
+/// output); `divide_by` for avg (else 0); the broadcast's root.
+pub(crate) struct HandoffLaunch {
+    pub(crate) kernel: HandoffKernel,
+    pub(crate) dst: u64,
+    pub(crate) src: u64,
+    pub(crate) elements: usize,
+    pub(crate) stride: usize,
+    pub(crate) divide_by: u32,
+    pub(crate) root: u32,
 }
 
 /// The kernels of one (element type, reduction).
@@ -402,6 +509,9 @@ pub(crate) struct Kernel {
     one_shot: CudaFunction,
     handoff_one_shot: CudaFunction,
     handoff_two_shot: CudaFunction,
+    handoff_reduce_scatter: CudaFunction,
+    handoff_all_gather: CudaFunction,
+    handoff_broadcast: CudaFunction,
 }
 
 /// Every (element type, reduction) compiled so far on one GPU.
@@ -429,7 +539,7 @@ impl KernelCache {
         let capability = ctx
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
-        let source = format!("{}{COMMON}", specialisation(dtype, op));
+        let source = format!("{}{COMMON}{HANDOFF_COLLECTIVES}", specialisation(dtype, op));
         let ptx = compile_ptx_with_opts(
             source,
             CompileOptions {
@@ -458,6 +568,15 @@ impl KernelCache {
             handoff_two_shot: module
                 .load_function("handoff_two_shot")
                 .map_err(driver("finding the hand-off two-shot kernel"))?,
+            handoff_reduce_scatter: module
+                .load_function("handoff_reduce_scatter")
+                .map_err(driver("finding the hand-off reduce-scatter kernel"))?,
+            handoff_all_gather: module
+                .load_function("handoff_all_gather")
+                .map_err(driver("finding the hand-off all-gather kernel"))?,
+            handoff_broadcast: module
+                .load_function("handoff_broadcast")
+                .map_err(driver("finding the hand-off broadcast kernel"))?,
         });
         compiled.insert((dtype, op), kernel.clone());
         Ok(kernel)
@@ -551,44 +670,50 @@ impl Kernel {
 }
 
 impl Kernel {
-    /// Queues one hand-off launch of `which` on `stream`: `dst` = op over
-    /// every rank's `src`, `elements` elements, `blocks` blocks (the same on
+    /// Queues one hand-off launch on `stream`, `blocks` blocks (the same on
     /// every rank).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn handoff(
         &self,
         gpu: &Gpu,
-        which: HandoffKernel,
+        launch: &HandoffLaunch,
         stream: &CudaStream,
         blocks: u32,
-        dst: u64,
-        src: u64,
-        elements: usize,
-        divide_by: u32,
         exchange: &ExchangeArg,
     ) -> Result<(), CudaError> {
-        let function = match which {
+        let function = match launch.kernel {
             HandoffKernel::OneShot => &self.handoff_one_shot,
             HandoffKernel::TwoShot => &self.handoff_two_shot,
+            HandoffKernel::ReduceScatter => &self.handoff_reduce_scatter,
+            HandoffKernel::AllGather => &self.handoff_all_gather,
+            HandoffKernel::Broadcast => &self.handoff_broadcast,
         };
-        let n = elements as u64;
+        let (dst, src, n, stride) = (
+            launch.dst,
+            launch.src,
+            launch.elements as u64,
+            launch.stride as u64,
+        );
+        let (divide_by, root) = (launch.divide_by, launch.root);
         let config = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (HANDOFF_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = stream.launch_builder(function);
-        launch
+        let mut builder = stream.launch_builder(function);
+        builder
             .arg(&dst)
             .arg(&src)
             .arg(&n)
+            .arg(&stride)
             .arg(&divide_by)
+            .arg(&root)
             .arg(exchange);
-        // SAFETY: the arguments match the kernel's signature; `dst` and
-        // `src` hold `elements` elements (the caller's promise), and the
+        // SAFETY: the arguments match the kernels' common signature; `dst`
+        // and `src` hold what the kernel reads and writes (the caller's
+        // promise: `HandoffLaunch`), and the
         // exchange blocks and the error word stay mapped while the
         // communicator lives, which drains its launches before it goes.
-        unsafe { launch.launch(config) }.map_err(gpu.driver("launching a hand-off kernel"))?;
+        unsafe { builder.launch(config) }.map_err(gpu.driver("launching a hand-off kernel"))?;
         Ok(())
     }
 }
