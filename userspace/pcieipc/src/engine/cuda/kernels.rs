@@ -230,6 +230,22 @@ __device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase, unsign
     return ok != 0;
 }
 
+// out[i] = op over every rank's contribution in rank order (as `one_shot`)
+// for this block's share: this rank's own is `mine`, each peer's is in its
+// inbox slot here. Then / div when div is not 0.
+__device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchange& x, unsigned parity, u64 start, u64 end, unsigned div) {
+    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const S* first = x.rank == 0 ? mine : (const S*)inbox(x, x.rank, parity, 0);
+        S r = first[i];
+        for (unsigned k = 1; k < x.nranks; k++) {
+            const S* src = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
+            r = apply(src[i], r, 0);
+        }
+        if (div) r = ST(DIV(LD(r), div));
+        out[i] = r;
+    }
+}
+
 // out[i] = op over every rank's in[i] in rank order (as `one_shot`):
 // each rank pushes its input into every peer's inbox, then reduces its own
 // inbox. For messages up to one window.
@@ -246,16 +262,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const
         signal(x, epoch, peer, 0);
     }
     if (!await_peers(x, epoch, 0)) return;
-    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const S* first = x.rank == 0 ? in : (const S*)inbox(x, x.rank, parity, 0);
-        S r = first[i];
-        for (unsigned k = 1; k < x.nranks; k++) {
-            const S* src = k == x.rank ? in : (const S*)inbox(x, x.rank, parity, k);
-            r = apply(src[i], r, 0);
-        }
-        if (div) r = ST(DIV(LD(r), div));
-        out[i] = r;
-    }
+    reduce_share(out, in, x, parity, start, end, div);
     finish(x, epoch);
 }
 
@@ -285,16 +292,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const
     u64 start, end;
     share(len, &start, &end);
     S* reduced = out + mine;
-    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const S* first = x.rank == 0 ? in + mine : (const S*)inbox(x, x.rank, parity, 0);
-        S r = first[i];
-        for (unsigned k = 1; k < x.nranks; k++) {
-            const S* src = k == x.rank ? in + mine : (const S*)inbox(x, x.rank, parity, k);
-            r = apply(src[i], r, 0);
-        }
-        if (div) r = ST(DIV(LD(r), div));
-        reduced[i] = r;
-    }
+    reduce_share(reduced, in + mine, x, parity, start, end, div);
     __syncthreads();
     for (unsigned peer = 0; peer < x.nranks; peer++) {
         if (peer == x.rank) continue;
@@ -329,17 +327,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_reduce_scatter(S* out,
         signal(x, epoch, owner, 0);
     }
     if (!await_peers(x, epoch, 0)) return;
-    const S* mine = in + x.rank * stride;
-    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const S* first = x.rank == 0 ? mine : (const S*)inbox(x, x.rank, parity, 0);
-        S r = first[i];
-        for (unsigned k = 1; k < x.nranks; k++) {
-            const S* src = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
-            r = apply(src[i], r, 0);
-        }
-        if (div) r = ST(DIV(LD(r), div));
-        out[i] = r;
-    }
+    reduce_share(out, in + x.rank * stride, x, parity, start, end, div);
     finish(x, epoch);
 }
 
