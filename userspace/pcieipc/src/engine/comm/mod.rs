@@ -73,6 +73,12 @@ impl Communicator {
     }
 
     /// How long `init` took, rendezvous and transport set-up included.
+    /// Every rank's pid (the kernel's, from the rendezvous): what a
+    /// backend's own liveness watch needs.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.transport.pids()
+    }
+
     pub fn init_time(&self) -> Duration {
         self.init_time
     }

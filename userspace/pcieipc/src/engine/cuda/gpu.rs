@@ -250,9 +250,12 @@ pub(crate) struct HostWord {
     device: u64,
 }
 
-// SAFETY: the word is process-wide pinned memory; only `read` touches it
-// from the host (volatile), the GPU writes it.
+// SAFETY: the word is process-wide pinned memory that the host touches only
+// through volatile reads and writes of the whole word (`read`, `raise`); the
+// GPU writes it too, and any non-zero value it holds is a valid failure.
 unsafe impl Send for HostWord {}
+// SAFETY: as above.
+unsafe impl Sync for HostWord {}
 
 impl HostWord {
     /// A zeroed word.
@@ -286,6 +289,12 @@ impl HostWord {
     /// The word's address on the GPU.
     pub(crate) fn device_address(&self) -> u64 {
         self.device
+    }
+
+    /// Sets the word from the host (a failure the kernels then see).
+    pub(crate) fn raise(&self, word: u32) {
+        // SAFETY: as in `read`; a whole-word volatile store.
+        unsafe { self.host.write_volatile(word) };
     }
 
     pub(crate) fn read(&self) -> u32 {

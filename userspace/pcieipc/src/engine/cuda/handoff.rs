@@ -24,10 +24,12 @@
 //! resident on every GPU, and ranks sharing one GPU do not use this path by
 //! default (time-sliced contexts make every hand-off wait for a time slice).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, CudaStream};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::communicator::{on_rank, CudaCommunicator};
 use super::gpu::{CudaError, DeviceBuffer, Gpu, HostWord};
@@ -35,6 +37,7 @@ use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::kernels::{
     ExchangeArg, HandoffKernel, HandoffLaunch, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES,
 };
+use crate::engine::transport::PeerWatch;
 use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CallKind, DType, Element, EngineError, ReduceOp,
 };
@@ -57,15 +60,64 @@ pub enum Handoff {
     Host,
 }
 
-/// What a hand-off kernel reported through the error word.
-fn failure(word: u32, rank: usize, timeout: Duration) -> EngineError {
+/// The error word's failures: `kind << 16 | detail << 8 | peer`. Kernels
+/// write TIMED_OUT (detail: the phase waited in); the watchdog writes
+/// PEER_EXITED.
+const TIMED_OUT: u32 = 1;
+const PEER_EXITED: u32 = 2;
+
+/// What the error word says, as the engine's error.
+fn failure(word: u32, rank: usize, timeout: Duration, pids: &[u32]) -> EngineError {
     let peer = (word & 0xff) as usize;
     match word >> 16 {
-        1 => EngineError::PeerUnresponsive {
+        TIMED_OUT => EngineError::PeerUnresponsive {
             rank: peer,
             waited: timeout,
         },
+        PEER_EXITED => EngineError::PeerDied {
+            rank: peer,
+            pid: pids.get(peer).copied().unwrap_or(0),
+        },
         _ => EngineError::PeerGpuFailed { rank },
+    }
+}
+
+/// A thread asleep on the peers' pidfds: a peer whose process exits has its
+/// rank written into the error word, which every waiting kernel block reads
+/// now and then, so the kernels end at once instead of at their timeout and
+/// the communicator reports `PeerDied`.
+struct Watchdog {
+    stop: OwnedFd,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn start(watch: PeerWatch, error: Arc<HostWord>) -> std::io::Result<Watchdog> {
+        let stop = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
+        let wake = stop.as_fd().try_clone_to_owned()?;
+        let thread = std::thread::Builder::new()
+            .name("pcieipc-watchdog".into())
+            .spawn(move || {
+                if let Some((peer, _pid)) = watch.wait_for_exit(wake.as_fd()) {
+                    if error.read() == 0 {
+                        error.raise(PEER_EXITED << 16 | peer as u32);
+                    }
+                }
+            })?;
+        Ok(Watchdog {
+            stop: stop.into(),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // An eventfd counter of 1 makes it readable: the thread wakes and ends.
+        let _ = nix::unistd::write(&self.stop, &1u64.to_ne_bytes());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -96,7 +148,10 @@ pub(super) struct Exchange {
     /// The grid of every launch (rank 0's choice: the flags are per block).
     blocks: u32,
     timeout: Duration,
-    error: HostWord,
+    error: Arc<HostWord>,
+    /// Every rank's pid, to name a peer that exited.
+    pids: Vec<u32>,
+    _watchdog: Watchdog,
     /// Orders this communicator's launches when callers change streams.
     ordering: CudaEvent,
     last_stream: Option<Arc<CudaStream>>,
@@ -150,8 +205,12 @@ impl CudaCommunicator {
                 Some(PeerMemory::open(&self.gpu, words).map_err(&err)?)
             });
         }
-        let error = HostWord::new(&self.gpu).map_err(&err)?;
+        let error = Arc::new(HostWord::new(&self.gpu).map_err(&err)?);
         let ordering = self.gpu.new_event().map_err(&err)?;
+        let pids = self.control.pids();
+        let watch = PeerWatch::open(self.rank, pids.clone()).map_err(EngineError::from)?;
+        let watchdog = Watchdog::start(watch, error.clone())
+            .map_err(|source| EngineError::transport(self.rank, super::BACKEND, source))?;
         self.exchange = Some(Exchange {
             gpu: self.gpu.clone(),
             block,
@@ -160,6 +219,8 @@ impl CudaCommunicator {
             blocks,
             timeout,
             error,
+            pids,
+            _watchdog: watchdog,
             ordering,
             last_stream: None,
         });
@@ -178,7 +239,7 @@ impl CudaCommunicator {
         let exchange = self.exchange.as_ref()?;
         match exchange.error.read() {
             0 => None,
-            word => Some(failure(word, self.rank, exchange.timeout)),
+            word => Some(failure(word, self.rank, exchange.timeout, &exchange.pids)),
         }
     }
 

@@ -30,6 +30,8 @@ pub use registry::{
     TRANSPORTS,
 };
 pub use rendezvous::{BadSecret, JobSecret, SECRET_ENV};
+/// Peer liveness through pidfds, for backends that watch ranks themselves.
+pub(crate) use segment::PeerWatch;
 pub use shm::{ShmOptions, SEGMENT_NAME};
 
 /// What a transport lets the engine do beyond windows and counters.
@@ -125,6 +127,8 @@ pub trait Transport: Send {
 
     /// The peers whose processes have exited, with their pids.
     fn dead_peers(&self) -> Vec<(usize, u32)>;
+    /// Every rank's pid (the kernel's, from the rendezvous).
+    fn pids(&self) -> Vec<u32>;
 
     /// Tells peers which rank this one is blocked on (`None`: running).
     fn set_blocked_on(&self, peer: Option<usize>);

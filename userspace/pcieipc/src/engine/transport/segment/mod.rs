@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 pub(crate) use layout::{round_up, Layout, PAGE};
+pub(crate) use peers::PeerWatch;
 pub(crate) use region::Segment;
 
 use super::{Capabilities, Signal, Transport, Window, WindowSizes};
@@ -20,7 +21,6 @@ use crate::engine::chunk::LinkFacts;
 use crate::engine::comm::CallDescriptor;
 use crate::engine::error::EngineError;
 use crate::engine::failure::Failure;
-use peers::PeerWatch;
 
 /// Rounds the requested window sizes so every slot starts on a page.
 pub(crate) fn page_aligned(sizes: WindowSizes) -> WindowSizes {
@@ -158,6 +158,10 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
 
     fn dead_peers(&self) -> Vec<(usize, u32)> {
         self.peers.dead()
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.peers.pids().to_vec()
     }
 
     fn set_blocked_on(&self, peer: Option<usize>) {

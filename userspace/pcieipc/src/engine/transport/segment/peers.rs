@@ -1,7 +1,7 @@
 //! Peer liveness: the ranks share a host, so each watches the others'
 //! processes through a pidfd each.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -46,6 +46,43 @@ impl PeerWatch {
 
     pub(crate) fn pid(&self, rank: usize) -> u32 {
         self.pids[rank]
+    }
+
+    /// Every rank's pid (the kernel's, from the rendezvous).
+    pub(crate) fn pids(&self) -> &[u32] {
+        &self.pids
+    }
+
+    /// Sleeps until a peer's process exits (returning it) or `stop` becomes
+    /// readable (returning `None`). Never spins.
+    pub(crate) fn wait_for_exit(&self, stop: BorrowedFd<'_>) -> Option<(usize, u32)> {
+        let watched: Vec<(usize, &OwnedFd)> = self
+            .pidfds
+            .iter()
+            .enumerate()
+            .filter_map(|(peer, pidfd)| pidfd.as_ref().map(|pidfd| (peer, pidfd)))
+            .collect();
+        let mut fds: Vec<PollFd> = watched
+            .iter()
+            .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN))
+            .collect();
+        fds.push(PollFd::new(stop, PollFlags::POLLIN));
+        loop {
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+            let (stop, pidfds) = fds.split_last().expect("the stop descriptor is last");
+            if stop.revents().is_some_and(|revents| !revents.is_empty()) {
+                return None;
+            }
+            return pidfds
+                .iter()
+                .zip(&watched)
+                .find(|(fd, _)| fd.revents().is_some_and(|revents| !revents.is_empty()))
+                .map(|(_, (peer, _))| (*peer, self.pids[*peer]));
+        }
     }
 
     pub(crate) fn dead(&self) -> Vec<(usize, u32)> {
