@@ -508,9 +508,32 @@ fn killed_rank_is_named_by_the_others() {
 
 #[test]
 fn a_thousand_communicators_leak_no_device_memory() {
-    const TEST: &str = "a_thousand_communicators_leak_no_device_memory";
+    a_thousand_communicators(
+        "a_thousand_communicators_leak_no_device_memory",
+        options(AlgorithmChoice::Auto),
+    );
+}
+
+#[test]
+fn a_thousand_gpu_handoff_communicators_leak_nothing() {
+    a_thousand_communicators(
+        "a_thousand_gpu_handoff_communicators_leak_nothing",
+        handoff_options(AlgorithmChoice::Auto),
+    );
+}
+
+/// Descriptors and threads of this process (the GPU hand-off's watchdog
+/// owns a thread and an eventfd; its exchange, pinned and device memory).
+fn descriptors_and_threads() -> (usize, usize) {
+    let count = |dir: &str| std::fs::read_dir(dir).map_or(0, |entries| entries.count());
+    (count("/proc/self/fd"), count("/proc/self/task"))
+}
+
+/// 1,000 communicators created, used and dropped one after another by 2
+/// ranks: free device memory, descriptors and threads as before.
+fn a_thousand_communicators(test: &str, cuda_options: CudaOptions) {
     let Some(role) = role() else {
-        let outputs = wait_ranks(spawn_ranks(TEST, 2, &[0, 1]), LIMIT);
+        let outputs = wait_ranks(spawn_ranks(test, 2, &[0, 1]), LIMIT);
         for (rank, output) in &outputs {
             assert!(output.status.success(), "{}", describe(*rank, output));
             // The measurements, for the README (the harness prints the test's
@@ -546,7 +569,7 @@ fn a_thousand_communicators_leak_no_device_memory() {
                 role.rank,
                 role.nranks,
                 gpu.clone(),
-                options(AlgorithmChoice::Auto),
+                cuda_options.clone(),
             )
             .unwrap();
             let mut comm = comm;
@@ -561,6 +584,7 @@ fn a_thousand_communicators_leak_no_device_memory() {
         cycle(0);
         meet(&mut barrier);
         let (before, _) = gpu.memory_info().unwrap();
+        let handles_before = descriptors_and_threads();
         meet(&mut barrier);
         let mut init_times = Vec::new();
         for i in 1..=1000 {
@@ -568,6 +592,7 @@ fn a_thousand_communicators_leak_no_device_memory() {
         }
         meet(&mut barrier);
         let (after, total) = gpu.memory_info().unwrap();
+        let handles_after = descriptors_and_threads();
         meet(&mut barrier);
         init_times.sort();
         println!(
@@ -580,6 +605,10 @@ fn a_thousand_communicators_leak_no_device_memory() {
         assert!(
             after + (2 << 20) >= before,
             "free device memory fell from {before} to {after} B over 1,000 communicators"
+        );
+        assert_eq!(
+            handles_after, handles_before,
+            "(descriptors, threads) before and after 1,000 communicators"
         );
     }
 }
