@@ -819,7 +819,10 @@ fn gpu_handoff_killed_rank_is_named_at_once() {
         );
         match &error {
             EngineError::PeerDied { rank, .. } => assert_eq!(*rank, VICTIM),
-            other => panic!("rank {}: expected rank {VICTIM} named dead, got {other}", role.rank),
+            other => panic!(
+                "rank {}: expected rank {VICTIM} named dead, got {other}",
+                role.rank
+            ),
         }
         // Refused from now on, at once, with the same error.
         let started = Instant::now();
