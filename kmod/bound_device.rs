@@ -75,6 +75,9 @@ struct Events {
     /// PCI errors reported so far: a wait that sees this change fails with
     /// EIO even if recovery already thawed the device.
     errors: u64,
+    /// Whether the handler masked the INTx line (`masks_intx` devices): only
+    /// a line the handler masked is the waiters' to unmask.
+    intx_masked: bool,
 }
 
 #[pin_data]
@@ -122,6 +125,7 @@ impl BoundDevice {
                 counts: [0; MAX_VECTORS],
                 state: uapi::PCIEIPC_STATE_BOUND,
                 errors: 0,
+                intx_masked: false,
             }),
             changed <- new_condvar!(),
             retired <- new_mutex!(false),
@@ -170,8 +174,19 @@ impl BoundDevice {
     /// wakes every waiter (all of them: each checks its own vector). Returns
     /// false for a shared INTx line that this device did not assert.
     pub(crate) fn interrupt(&self, vector: usize) -> bool {
-        if self.masks_intx() && !pci_info::check_and_mask_intx(&self.pdev) {
-            return false;
+        if self.masks_intx() {
+            // Masked and counted under the lock a waiter unmasks under.
+            let mut events = self.events.lock();
+            if !pci_info::check_and_mask_intx(&self.pdev) {
+                return false;
+            }
+            events.intx_masked = true;
+            if let Some(count) = events.counts.get_mut(vector) {
+                *count += 1;
+            }
+            drop(events);
+            self.changed.notify_all();
+            return true;
         }
         if self.info.kind == DeviceKind::Edu {
             let status = self.acknowledge_edu();
@@ -292,14 +307,19 @@ impl BoundDevice {
         };
         let mut events = self.events.lock();
         let errors = events.errors;
-        // The waiter has seen every interrupt so far: a masked INTx line may
-        // fire again. One that is still asserted is an interrupt at once.
-        if self.masks_intx()
+        // The waiter has seen every interrupt so far: the INTx line the
+        // handler masked may fire again. One that is still asserted is an
+        // interrupt at once. (A line not masked yet is the handler's: its
+        // pending interrupt arrives through it.)
+        if events.intx_masked
             && events.state == uapi::PCIEIPC_STATE_BOUND
             && events.counts[vector] <= last_seen
-            && !pci_info::check_and_unmask_intx(&self.pdev)
         {
-            events.counts[vector] += 1;
+            if pci_info::check_and_unmask_intx(&self.pdev) {
+                events.intx_masked = false;
+            } else {
+                events.counts[vector] += 1;
+            }
         }
         loop {
             state_errno(events.state)?;
