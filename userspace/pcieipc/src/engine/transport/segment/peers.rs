@@ -56,36 +56,24 @@ impl PeerWatch {
     /// Sleeps until a peer's process exits (returning it) or `stop` becomes
     /// readable (returning `None`). Never spins.
     pub(crate) fn wait_for_exit(&self, stop: BorrowedFd<'_>) -> Option<(usize, u32)> {
-        let watched: Vec<(usize, &OwnedFd)> = self
-            .pidfds
-            .iter()
-            .enumerate()
-            .filter_map(|(peer, pidfd)| pidfd.as_ref().map(|pidfd| (peer, pidfd)))
-            .collect();
-        let mut fds: Vec<PollFd> = watched
-            .iter()
-            .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN))
-            .collect();
-        fds.push(PollFd::new(stop, PollFlags::POLLIN));
-        loop {
-            match poll(&mut fds, PollTimeout::NONE) {
-                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-            let (stop, pidfds) = fds.split_last().expect("the stop descriptor is last");
-            if stop.revents().is_some_and(|revents| !revents.is_empty()) {
-                return None;
-            }
-            return pidfds
-                .iter()
-                .zip(&watched)
-                .find(|(fd, _)| fd.revents().is_some_and(|revents| !revents.is_empty()))
-                .map(|(_, (peer, _))| (*peer, self.pids[*peer]));
-        }
+        // With no timeout, nothing exited means poll failed: give up too.
+        self.poll_exits(Some(stop), PollTimeout::NONE)?
+            .first()
+            .copied()
     }
 
     pub(crate) fn dead(&self) -> Vec<(usize, u32)> {
+        self.poll_exits(None, PollTimeout::ZERO).unwrap_or_default()
+    }
+
+    /// Polls the peers' pidfds (one polls readable once its process has
+    /// exited), and `stop` when given, for up to `timeout`: the exited peers
+    /// with their pids, or `None` when `stop` became readable.
+    fn poll_exits(
+        &self,
+        stop: Option<BorrowedFd<'_>>,
+        timeout: PollTimeout,
+    ) -> Option<Vec<(usize, u32)>> {
         let watched: Vec<(usize, &OwnedFd)> = self
             .pidfds
             .iter()
@@ -96,14 +84,26 @@ impl PeerWatch {
             .iter()
             .map(|(_, pidfd)| PollFd::new(pidfd.as_fd(), PollFlags::POLLIN))
             .collect();
-        // A pidfd polls readable once its process has exited.
-        if poll(&mut fds, PollTimeout::ZERO).unwrap_or(0) <= 0 {
-            return Vec::new();
+        fds.extend(stop.map(|stop| PollFd::new(stop, PollFlags::POLLIN)));
+        let ready = loop {
+            match poll(&mut fds, timeout) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                result => break result.unwrap_or(0),
+            }
+        };
+        if ready <= 0 {
+            return Some(Vec::new());
         }
-        fds.iter()
-            .zip(&watched)
-            .filter(|(fd, _)| fd.revents().is_some_and(|revents| !revents.is_empty()))
-            .map(|(_, (peer, _))| (*peer, self.pids[*peer]))
-            .collect()
+        let readable = |fd: &PollFd| fd.revents().is_some_and(|revents| !revents.is_empty());
+        if stop.is_some() && fds.last().is_some_and(readable) {
+            return None;
+        }
+        Some(
+            fds.iter()
+                .zip(&watched)
+                .filter(|(fd, _)| readable(fd))
+                .map(|(_, (peer, _))| (*peer, self.pids[*peer]))
+                .collect(),
+        )
     }
 }
