@@ -165,11 +165,6 @@ impl ShmTransport {
         check_segment(&fd, &layout)?;
         let length =
             NonZeroUsize::new(layout.total).expect("segment holds at least its control page");
-        // Populated now: otherwise each page of the slots is faulted in by
-        // the first call that uses it, one fault per page and rank, and the
-        // slots rotate across calls, so the first calls of every size pay
-        // per page (on a fresh VM each fault also makes the hypervisor back
-        // the page). `pcieipc bench` counts the faults left in timed calls.
         // SAFETY: a fresh shared mapping of a memfd of exactly this length; no
         // Rust reference aliases it yet.
         let base = unsafe {
@@ -177,7 +172,7 @@ impl ShmTransport {
                 None,
                 length,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                MapFlags::MAP_SHARED,
                 fd.as_fd(),
                 0,
             )
