@@ -4,7 +4,8 @@
 # calls, the host-staged path, registered buffers, 1,000 communicators without
 # leaking device memory; the GPU hand-off forced: every dtype × op through
 # each algorithm, stream-ordered calls and CUDA graph replay, a killed rank
-# named within the timeout) and `pcieipc bench --transport cuda` with 2 and 4
+# named within the timeout; through device memory and through pinned shared
+# host memory) and `pcieipc bench --transport cuda` with 2 and 4
 # ranks (and 2 on the GPU hand-off), results checked. Several ranks share
 # GPU 0.
 #
@@ -46,6 +47,9 @@ run() {
     done
     log "pcieipc bench --transport cuda --handoff gpu, 2 ranks on GPU 0 (forced: they are time-sliced), results checked"
     "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu \
+        -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
+    log "pcieipc bench --transport cuda --handoff gpu --p2p off, 2 ranks on GPU 0: kernels through pinned shared host memory, results checked"
+    "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu --p2p off \
         -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
     log "the same, the timed calls captured in a CUDA graph and replayed (-G)"
     "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \

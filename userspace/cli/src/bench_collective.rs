@@ -178,6 +178,9 @@ impl Collective for CudaCommunicator {
                 PeerRead::Direct => "peer-to-peer, direct reads".to_owned(),
                 PeerRead::CopyEngine => "peer-to-peer, copy-engine reads".to_owned(),
             },
+            DataPath::HostMapped { reason } => {
+                format!("through pinned shared host memory ({reason})")
+            }
             DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
         };
         let handoff = if self.hands_off_on_gpu() {

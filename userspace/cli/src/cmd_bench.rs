@@ -92,8 +92,9 @@ pub struct Args {
     /// r mod the number of GPUs.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     gpus: Vec<usize>,
-    /// With --transport cuda: `off` stages every all_reduce through host
-    /// memory instead of peer-to-peer.
+    /// With --transport cuda: `off` moves every all_reduce through host
+    /// memory instead of peer-to-peer: kernels write and read pinned shared
+    /// memory on the GPU hand-off, or the ranks stage it on the host hand-off.
     #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
     p2p: String,
     /// all_reduce algorithm: auto (by size, rank count and whether ranks may
@@ -129,9 +130,9 @@ pub struct Args {
     gpu_poll_us: Option<u64>,
     /// With --transport cuda: where ranks hand over: `gpu` (flags in each
     /// other's memory, one kernel per call, calls queued on a stream and
-    /// timed as nccl-tests does: N calls, then one synchronize), `host`
-    /// (ranks meet on the host after every step), `auto` (gpu when every
-    /// rank has a GPU of its own).
+    /// timed as nccl-tests does: N calls, then one synchronize; through
+    /// pinned host memory with --p2p off), `host` (ranks meet on the host
+    /// after every step), `auto` (gpu when every rank has a GPU of its own).
     #[arg(long, value_name = "auto|gpu|host", default_value = "auto", value_parser = ["auto", "gpu", "host"])]
     handoff: String,
     /// With --transport cuda on the GPU hand-off: capture the timed calls in

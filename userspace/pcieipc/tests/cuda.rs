@@ -3,7 +3,8 @@
 //! registered buffers, and 1,000 communicators without leaking device
 //! memory; the same for the GPU hand-off (forced: ranks on one GPU would
 //! otherwise hand over on the host), with stream-ordered calls and CUDA
-//! graph replay. Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
+//! graph replay, through device memory and (peer-to-peer off) through
+//! pinned shared host memory. Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
 //! how many GPUs to spread them over.
 //! Built only with `--features gpu-tests`; run by `make test-gpu`.
 
@@ -20,7 +21,7 @@ use pcieipc::engine::cuda::{
 };
 use pcieipc::engine::{
     bf16, f16, Algorithm, AlgorithmChoice, CommOptions, Communicator, DType, Element, EngineError,
-    ReduceOp,
+    ReduceOp, SEGMENT_NAME,
 };
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -522,11 +523,26 @@ fn a_thousand_gpu_handoff_communicators_leak_nothing() {
     );
 }
 
-/// Descriptors and threads of this process (the GPU hand-off's watchdog
-/// owns a thread and an eventfd; its exchange, pinned and device memory).
-fn descriptors_and_threads() -> (usize, usize) {
+#[test]
+fn a_thousand_host_memory_handoff_communicators_leak_nothing() {
+    a_thousand_communicators(
+        "a_thousand_host_memory_handoff_communicators_leak_nothing",
+        host_memory_options(AlgorithmChoice::Auto),
+    );
+}
+
+/// Descriptors, threads and shared-segment mappings of this process (the
+/// GPU hand-off's watchdog owns a thread and an eventfd; through host
+/// memory, its blocks pin the control plane's segment, which must be
+/// unpinned and unmapped with it).
+fn descriptors_and_threads() -> (usize, usize, usize) {
     let count = |dir: &str| std::fs::read_dir(dir).map_or(0, |entries| entries.count());
-    (count("/proc/self/fd"), count("/proc/self/task"))
+    let segments = std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .filter(|line| line.contains(SEGMENT_NAME))
+        .count();
+    (count("/proc/self/fd"), count("/proc/self/task"), segments)
 }
 
 /// 1,000 communicators created, used and dropped one after another by 2
@@ -608,7 +624,7 @@ fn a_thousand_communicators(test: &str, cuda_options: CudaOptions) {
         );
         assert_eq!(
             handles_after, handles_before,
-            "(descriptors, threads) before and after 1,000 communicators"
+            "(descriptors, threads, segment mappings) before and after 1,000 communicators"
         );
     }
 }
@@ -620,22 +636,52 @@ fn handoff_options(algorithm: AlgorithmChoice) -> CudaOptions {
     }
 }
 
+/// The GPU hand-off through pinned shared host memory (peer-to-peer off).
+fn host_memory_options(algorithm: AlgorithmChoice) -> CudaOptions {
+    CudaOptions {
+        peer_to_peer: PeerToPeer::Off,
+        ..handoff_options(algorithm)
+    }
+}
+
+/// Joins on the GPU hand-off with `options`, checking it took the data path
+/// they ask for.
+fn join_handed_off(role: &Role, suffix: &str, options: CudaOptions) -> CudaCommunicator {
+    let through_host = options.peer_to_peer == PeerToPeer::Off;
+    let comm = join(role, suffix, options);
+    assert!(comm.hands_off_on_gpu(), "the GPU hand-off was forced");
+    assert_eq!(
+        matches!(comm.data_path(), DataPath::HostMapped { .. }),
+        through_host,
+        "data path {:?}",
+        comm.data_path()
+    );
+    comm
+}
+
 /// Every dtype × op at the sizes of the acceptance list, in and out of
 /// place, on the GPU hand-off: by the automatic choice, and with one-shot
 /// (up to one window) and direct (two-shot) forced.
 fn every_dtype_and_op_on_the_gpu_handoff(role: Role) {
-    let mut auto = join(&role, "h-auto", handoff_options(AlgorithmChoice::Auto));
-    let mut one_shot = join(
+    every_dtype_and_op_handed_off(role, handoff_options);
+}
+
+fn every_dtype_and_op_through_host_memory(role: Role) {
+    every_dtype_and_op_handed_off(role, host_memory_options);
+}
+
+fn every_dtype_and_op_handed_off(role: Role, options: fn(AlgorithmChoice) -> CudaOptions) {
+    let mut auto = join_handed_off(&role, "h-auto", options(AlgorithmChoice::Auto));
+    let mut one_shot = join_handed_off(
         &role,
         "h-one-shot",
-        handoff_options(AlgorithmChoice::Fixed(Algorithm::OneShot)),
+        options(AlgorithmChoice::Fixed(Algorithm::OneShot)),
     );
-    let mut direct = join(
+    let mut direct = join_handed_off(
         &role,
         "h-direct",
-        handoff_options(AlgorithmChoice::Fixed(Algorithm::Direct)),
+        options(AlgorithmChoice::Fixed(Algorithm::Direct)),
     );
-    assert!(auto.hands_off_on_gpu(), "the GPU hand-off was forced");
     let window = CudaOptions::default().handoff_window;
     let mut failures = Vec::new();
     for dtype in DType::ALL {
@@ -683,6 +729,16 @@ fn gpu_handoff_every_dtype_and_op_with_2_ranks() {
     );
 }
 
+#[test]
+fn host_memory_handoff_every_dtype_and_op_with_2_ranks() {
+    run_ranks(
+        "host_memory_handoff_every_dtype_and_op_with_2_ranks",
+        2,
+        LIMIT,
+        every_dtype_and_op_through_host_memory,
+    );
+}
+
 /// Rank `rank`'s input of call `call`: small integers, exact in f32.
 fn call_input(rank: usize, call: usize, count: usize) -> Vec<f32> {
     (0..count)
@@ -704,7 +760,15 @@ fn call_expected(nranks: usize, call: usize, count: usize) -> Vec<f32> {
 /// between them, then the same calls captured in a CUDA graph and replayed
 /// with new inputs: every result checked.
 fn stream_order_and_graph_replay(role: Role) {
-    let mut comm = join(&role, "h-stream", handoff_options(AlgorithmChoice::Auto));
+    stream_order_and_graph_replay_with(role, handoff_options);
+}
+
+fn stream_order_and_graph_replay_through_host_memory(role: Role) {
+    stream_order_and_graph_replay_with(role, host_memory_options);
+}
+
+fn stream_order_and_graph_replay_with(role: Role, options: fn(AlgorithmChoice) -> CudaOptions) {
+    let mut comm = join_handed_off(&role, "h-stream", options(AlgorithmChoice::Auto));
     let gpu = comm.gpu().clone();
     let stream = gpu.new_stream().expect("a stream");
     // One-shot and two-shot sizes, mixed.
@@ -781,6 +845,16 @@ fn gpu_handoff_stream_order_and_graph_replay_with_2_ranks() {
         2,
         LIMIT,
         stream_order_and_graph_replay,
+    );
+}
+
+#[test]
+fn host_memory_handoff_stream_order_and_graph_replay_with_2_ranks() {
+    run_ranks(
+        "host_memory_handoff_stream_order_and_graph_replay_with_2_ranks",
+        2,
+        LIMIT,
+        stream_order_and_graph_replay_through_host_memory,
     );
 }
 
@@ -895,7 +969,15 @@ fn gpu_handoff_silent_rank_is_named_at_the_timeout() {
 /// call) and broadcast from every root on the GPU hand-off, every dtype,
 /// at counts that take one launch and several, against the CPU reference.
 fn other_collectives_on_the_gpu_handoff(role: Role) {
-    let mut comm = join(&role, "h-others", handoff_options(AlgorithmChoice::Auto));
+    other_collectives_handed_off(role, handoff_options);
+}
+
+fn other_collectives_through_host_memory(role: Role) {
+    other_collectives_handed_off(role, host_memory_options);
+}
+
+fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> CudaOptions) {
+    let mut comm = join_handed_off(&role, "h-others", options(AlgorithmChoice::Auto));
     let gpu = comm.gpu().clone();
     let (rank, nranks) = (role.rank, role.nranks);
     let window = CudaOptions::default().handoff_window;
@@ -1003,5 +1085,15 @@ fn gpu_handoff_reduce_scatter_all_gather_broadcast_with_3_ranks() {
         3,
         LIMIT,
         other_collectives_on_the_gpu_handoff,
+    );
+}
+
+#[test]
+fn host_memory_handoff_reduce_scatter_all_gather_broadcast_with_3_ranks() {
+    run_ranks(
+        "host_memory_handoff_reduce_scatter_all_gather_broadcast_with_3_ranks",
+        3,
+        LIMIT,
+        other_collectives_through_host_memory,
     );
 }

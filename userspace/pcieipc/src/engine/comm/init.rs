@@ -55,6 +55,7 @@ impl Communicator {
                 relay_slots: (in_flight + 1) * relay_steps,
                 // A message at the budget fits one window, stamp included.
                 one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
+                backend_bytes: options.backend_bytes,
             },
             join_timeout: options.join_timeout,
             secret: options.secret,

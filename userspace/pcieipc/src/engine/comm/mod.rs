@@ -72,13 +72,28 @@ impl Communicator {
         self.nranks
     }
 
-    /// How long `init` took, rendezvous and transport set-up included.
     /// Every rank's pid (the kernel's, from the rendezvous): what a
     /// backend's own liveness watch needs.
     pub(crate) fn pids(&self) -> Vec<u32> {
         self.transport.pids()
     }
 
+    /// `owner`'s backend area as mapped in this process and its length
+    /// (`CommOptions::backend_bytes`, rank 0's, page aligned), `None` when
+    /// the segment has none. The engine never reads or writes it; it lives
+    /// as long as the communicator.
+    pub(crate) fn backend_area(&self, owner: usize) -> Option<(std::ptr::NonNull<u8>, usize)> {
+        let bytes = self.transport.sizes().backend_bytes;
+        if bytes == 0 || owner >= self.nranks {
+            return None;
+        }
+        let start = self
+            .transport
+            .window(owner, super::transport::Window::Backend);
+        std::ptr::NonNull::new(start).map(|start| (start, bytes))
+    }
+
+    /// How long `init` took, rendezvous and transport set-up included.
     pub fn init_time(&self) -> Duration {
         self.init_time
     }

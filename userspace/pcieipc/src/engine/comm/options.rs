@@ -63,6 +63,10 @@ pub struct CommOptions {
     /// 16 MiB on the development VM (docs/engine.md). Agreed at init like
     /// `single_copy_messages`.
     pub direct_messages: std::ops::RangeInclusive<usize>,
+    /// Bytes of each rank's backend area in the segment (0: none; rank 0's
+    /// value is used): memory the engine leaves to a backend layered on the
+    /// communicator ([`backend_area`](crate::engine::Communicator::backend_area)).
+    pub backend_bytes: usize,
 }
 
 impl Default for CommOptions {
@@ -82,6 +86,7 @@ impl Default for CommOptions {
             single_copy: true,
             single_copy_messages: (2 << 20)..=(16 << 20),
             direct_messages: (4 << 20)..=(16 << 20),
+            backend_bytes: 0,
         }
     }
 }

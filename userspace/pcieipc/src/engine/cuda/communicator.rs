@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::gpu::{CudaError, DeviceBuffer, Gpu};
-use super::handoff::{Exchange, Handoff, HANDOFF_MAX_RANKS};
+use super::handoff::{Exchange, ExchangeMemory, Handoff, HANDOFF_MAX_RANKS};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
-use super::kernels::ONE_SHOT_MAX_RANKS;
+use super::kernels::{HANDOFF_BLOCKS, ONE_SHOT_MAX_RANKS};
 use super::registration::Registration;
 use super::BACKEND;
 use crate::engine::schedule::{self, Limits};
@@ -35,9 +35,13 @@ use crate::engine::{
 pub enum DataPath {
     /// Kernels read peers' memory over peer-to-peer (or within one GPU).
     PeerToPeer,
-    /// Device → host, the shm transport's all_reduce, host → device: taken
-    /// when peer-to-peer fails its check at init (the reason is kept), or
-    /// when asked for.
+    /// Kernels write and read pinned shared host memory over PCIe, handing
+    /// over on the GPU: taken without peer-to-peer (`reason`) when every
+    /// rank has a GPU of its own (or the GPU hand-off is forced).
+    HostMapped { reason: String },
+    /// Device → host, the shm transport's all_reduce, host → device, ranks
+    /// meeting on the host: taken without peer-to-peer (`reason`) when the
+    /// hand-off is on the host (ranks sharing a GPU, or asked for).
     HostStaged { reason: String },
 }
 
@@ -131,6 +135,9 @@ impl StagingLayout {
     }
 }
 
+/// The largest hand-off window a rank accepts from rank 0.
+const MAX_HANDOFF_WINDOW: usize = 1 << 30;
+
 /// Bytes at the start of each staging block written with a rank-specific
 /// pattern at init and read back by every peer (the peer-to-peer check).
 const CHECK_BYTES: usize = 4096;
@@ -151,6 +158,10 @@ pub(super) fn on_rank(rank: usize) -> impl Fn(CudaError) -> EngineError {
 }
 
 pub struct CudaCommunicator {
+    /// The GPU hand-off's exchange blocks, when calls hand over on the GPU.
+    /// Declared (so dropped) before `control`: through host memory, the
+    /// blocks are registrations of the control plane's segment.
+    pub(super) exchange: Option<Exchange>,
     pub(super) control: Communicator,
     pub(super) gpu: Arc<Gpu>,
     pub(super) rank: usize,
@@ -169,8 +180,6 @@ pub struct CudaCommunicator {
     pub(super) registered: HashMap<u64, Registration>,
     pub(super) one_shot_parity: usize,
     pub(super) last_call: Option<CallDescriptor>,
-    /// The GPU hand-off's exchange blocks, when calls hand over on the GPU.
-    pub(super) exchange: Option<Exchange>,
     pub(super) init_time: Duration,
 }
 
@@ -186,16 +195,52 @@ impl CudaCommunicator {
         options: CudaOptions,
     ) -> Result<CudaCommunicator, EngineError> {
         let started = Instant::now();
-        let mut control = Communicator::init(rendezvous, rank, nranks, options.control.clone())?;
+        let window = options.handoff_window.max(16).next_multiple_of(16);
+        // The GPU hand-off through host memory keeps its exchange blocks in
+        // the control plane's segment, which is made at the rendezvous: ask
+        // for the room whenever that path may be taken (memfd pages cost
+        // nothing until touched). Rank 0's request is the one granted.
+        let may_hand_off_through_host = options.handoff != Handoff::Host
+            && nranks <= HANDOFF_MAX_RANKS
+            && !options.control.transport.capabilities().device_memory;
+        let control_options = CommOptions {
+            backend_bytes: if may_hand_off_through_host {
+                Exchange::bytes(nranks, window)
+            } else {
+                0
+            },
+            ..options.control.clone()
+        };
+        let mut control = Communicator::init(rendezvous, rank, nranks, control_options)?;
         let err = on_rank(rank);
-        // Rank 0's geometry: every rank computes offsets in its peers' blocks.
+        // Rank 0's geometry and hand-off: every rank computes offsets in its
+        // peers' blocks, and all must take the same path.
         let mut geometry = [
             options.chunk_bytes as i64,
             options.one_shot_read_budget as i64,
-            options.handoff_window.max(16).next_multiple_of(16) as i64,
-            i64::from(Exchange::proposed_blocks(&gpu)),
+            window as i64,
+            options.handoff as i64,
         ];
         control.broadcast(&mut geometry, 0)?;
+        let handoff =
+            Handoff::from_word(geometry[3]).ok_or_else(|| EngineError::RendezvousProtocol {
+                name: rendezvous.to_owned(),
+                rank: 0,
+                reason: format!("hand-off {} (0 to 2)", geometry[3]),
+            })?;
+        let window = usize::try_from(geometry[2])
+            .ok()
+            .filter(|window| {
+                (16..=MAX_HANDOFF_WINDOW).contains(window) && window.is_multiple_of(16)
+            })
+            .ok_or_else(|| EngineError::RendezvousProtocol {
+                name: rendezvous.to_owned(),
+                rank: 0,
+                reason: format!(
+                    "hand-off window of {} bytes (a multiple of 16 up to {MAX_HANDOFF_WINDOW})",
+                    geometry[2]
+                ),
+            })?;
         let layout = StagingLayout {
             // 16-byte multiples keep chunk boundaries on the kernels' vector width.
             slot_bytes: (geometry[0] as usize).max(16).next_multiple_of(16),
@@ -255,24 +300,32 @@ impl CudaCommunicator {
                 }),
             };
         }
-        // The GPU hand-off needs peer-to-peer, a slot per rank in the
-        // kernels' argument, and (unless forced) a GPU per rank: ranks
-        // sharing one are time-sliced, and each hand-off would wait for a
-        // slice. Every rank learns the same facts, so all choose alike.
-        let mut addresses = vec![0i64; nranks];
+        // The GPU hand-off needs a slot per rank in the kernels' argument
+        // and (unless forced) a GPU per rank: ranks sharing one are
+        // time-sliced, and each hand-off would wait for a slice. Every rank
+        // learns the same facts, so all choose alike. The grid is the
+        // smallest any rank proposes: every rank's must be resident at once.
+        let mut facts = vec![0i64; 2 * nranks];
         let address = communicator.gpu.pci_address().map_err(&err)?;
+        let proposed = i64::from(Exchange::proposed_blocks(&communicator.gpu));
         communicator
             .control
-            .all_gather(&[address], &mut addresses)?;
+            .all_gather(&[address, proposed], &mut facts)?;
         let distinct = {
-            let mut sorted = addresses.clone();
-            sorted.sort_unstable();
-            sorted.windows(2).all(|pair| pair[0] != pair[1])
+            let mut addresses: Vec<i64> = facts.iter().step_by(2).copied().collect();
+            addresses.sort_unstable();
+            addresses.windows(2).all(|pair| pair[0] != pair[1])
         };
-        let possible = communicator.path == DataPath::PeerToPeer && nranks <= HANDOFF_MAX_RANKS;
+        let blocks = facts
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|&blocks| blocks.clamp(1, HANDOFF_BLOCKS as i64) as u32)
+            .min()
+            .unwrap_or(1);
         let ring = options.algorithm == AlgorithmChoice::Fixed(Algorithm::Ring);
-        let gpu_handoff = possible
-            && match options.handoff {
+        let gpu_handoff = nranks <= HANDOFF_MAX_RANKS
+            && match handoff {
                 Handoff::Auto => distinct && !ring,
                 Handoff::Gpu => true,
                 Handoff::Host => false,
@@ -283,21 +336,65 @@ impl CudaCommunicator {
                 reason: "the GPU hand-off runs one-shot and direct (two-shot) kernels",
             });
         }
-        if !gpu_handoff && options.algorithm == AlgorithmChoice::Fixed(Algorithm::Direct) {
+        let mut opened = false;
+        if gpu_handoff {
+            match communicator.path.clone() {
+                DataPath::PeerToPeer => {
+                    let outcome = communicator.open_exchange(
+                        ExchangeMemory::Device,
+                        window,
+                        blocks,
+                        options.handoff_timeout,
+                    );
+                    communicator.agree(outcome)??;
+                    opened = true;
+                }
+                DataPath::HostStaged { reason } | DataPath::HostMapped { reason } => {
+                    let outcome = communicator.open_exchange(
+                        ExchangeMemory::Host,
+                        window,
+                        blocks,
+                        options.handoff_timeout,
+                    );
+                    match communicator.agree(outcome)? {
+                        Ok(()) => {
+                            communicator.path = DataPath::HostMapped { reason };
+                            opened = true;
+                        }
+                        Err(failure) if handoff == Handoff::Gpu => return Err(failure),
+                        // Automatic: the host-staged path still works.
+                        Err(_) => communicator.exchange = None,
+                    }
+                }
+            }
+        }
+        if !opened && options.algorithm == AlgorithmChoice::Fixed(Algorithm::Direct) {
             return Err(EngineError::AlgorithmUnavailable {
                 algorithm: Algorithm::Direct,
                 reason: "the direct all_reduce of device buffers needs the GPU hand-off",
             });
         }
-        if gpu_handoff {
-            communicator.open_exchange(
-                geometry[2] as usize,
-                geometry[3] as u32,
-                options.handoff_timeout,
-            )?;
-        }
         communicator.init_time = started.elapsed();
         Ok(communicator)
+    }
+
+    /// Every rank's view of a step that may fail on some ranks only: `Ok`
+    /// where it succeeded everywhere, else the failure (this rank's own, or
+    /// the one naming the highest failing rank), the same on every rank.
+    fn agree(
+        &mut self,
+        outcome: Result<(), EngineError>,
+    ) -> Result<Result<(), EngineError>, EngineError> {
+        let mut failed = [outcome.as_ref().map_or(self.rank as i64 + 1, |_| 0)];
+        self.control
+            .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
+        Ok(match (outcome, failed[0]) {
+            (outcome, 0) => outcome,
+            (Err(own), _) => Err(own),
+            (Ok(()), failing) => Err(EngineError::PeerGpuFailed {
+                rank: failing as usize - 1,
+            }),
+        })
     }
 
     /// Opens every peer's staging block and reads its check pattern back.

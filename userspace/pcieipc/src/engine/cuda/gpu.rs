@@ -3,6 +3,7 @@
 //! can open (cuMemAlloc'd, so they carry legacy IPC handles).
 
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,8 +29,11 @@ pub enum CudaError {
     #[error("GPU {ordinal}: compiling the reduce kernels with NVRTC: {log}")]
     Compile { ordinal: usize, log: String },
 
-    #[error("this communicator hands over on the host (ranks share a GPU, or peer-to-peer is off): stream-ordered calls need the GPU hand-off")]
+    #[error("this communicator hands over on the host (ranks share a GPU, or the host hand-off was asked for): stream-ordered calls need the GPU hand-off")]
     NoGpuHandoff,
+
+    #[error("the control plane's segment has no backend area of {bytes} bytes per rank for the GPU hand-off through host memory (its transport keeps its windows in device memory, or rank 0 asked for none)")]
+    NoHostExchange { bytes: usize },
 
     #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
     BufferLength {
@@ -311,6 +315,74 @@ impl Drop for HostWord {
             let _ = self.gpu.finish();
             // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
             let _ = unsafe { result::free_host(self.host.cast()) };
+        }
+    }
+}
+
+/// Host memory this process already maps (a shared segment), pinned and
+/// mapped into the GPU's address space until dropped: kernels read and
+/// write it over PCIe.
+pub(crate) struct HostRegistration {
+    gpu: Arc<Gpu>,
+    host: *mut u8,
+    device: u64,
+}
+
+// SAFETY: the registration only holds addresses; the host memory belongs to
+// whoever registered it, and the context is bound before every use.
+unsafe impl Send for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers `bytes` at `host` (page aligned) with the GPU.
+    ///
+    /// # Safety
+    ///
+    /// `host` starts `bytes` of memory mapped in this process that stay
+    /// mapped until the registration is dropped.
+    pub(crate) unsafe fn new(
+        gpu: &Arc<Gpu>,
+        host: NonNull<u8>,
+        bytes: usize,
+    ) -> Result<HostRegistration, CudaError> {
+        gpu.bind()?;
+        let host = host.as_ptr();
+        // SAFETY: the caller's promise: `bytes` mapped at `host` that outlive
+        // the registration, which unregisters them in drop.
+        unsafe {
+            sys::cuMemHostRegister_v2(
+                host.cast(),
+                bytes,
+                sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        }
+        .result()
+        .map_err(gpu.driver("registering shared host memory with the GPU"))?;
+        // Built before the next call can fail, so that a failure unregisters.
+        let mut registration = HostRegistration {
+            gpu: gpu.clone(),
+            host,
+            device: 0,
+        };
+        // SAFETY: `host` was just registered with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut registration.device, host.cast(), 0) }
+            .result()
+            .map_err(gpu.driver("mapping shared host memory into the GPU"))?;
+        Ok(registration)
+    }
+
+    /// The memory's address on the GPU.
+    pub(crate) fn device_address(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // Queued kernels may still touch it: drain them first.
+            let _ = self.gpu.synchronize();
+            // SAFETY: registered in `new`, unregistered once.
+            let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
         }
     }
 }

@@ -3,12 +3,17 @@
 //! sit on a training loop's stream, overlap compute, and be captured in a
 //! CUDA graph.
 //!
-//! Every rank owns an exchange block (IPC-exported, opened by every peer at
-//! init): flags, then inboxes and result slots for two parities. A rank
+//! Every rank owns an exchange block: flags, then inboxes and result slots
+//! for two parities. On the peer-to-peer path it is device memory,
+//! IPC-exported and opened by every peer at init; without peer-to-peer it is
+//! the rank's backend area of the control plane's shared segment, which every
+//! rank pins and maps into its GPU (`cuMemHostRegister`), so the same kernels
+//! write and read it over PCIe, as NCCL's shared-memory transport does, with
+//! no host thread in the data path. A rank
 //! pushes its data into its peers' blocks and then raises its flag there
 //! (system-scope fence, release store of the launch's epoch); it waits on the
 //! flags in its own block (acquire loads). Each kernel block counts its
-//! launches in a counter in device memory, not in a kernel argument, so a
+//! launches in a counter in its device memory, not in a kernel argument, so a
 //! replayed CUDA graph keeps counting; every rank makes the same launches in
 //! the same order, so the epochs agree and no flag is ever reset. The parity
 //! of the epoch picks the slots, and launch k + 2 writes a peer's slots only
@@ -32,7 +37,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::communicator::{on_rank, CudaCommunicator};
-use super::gpu::{CudaError, DeviceBuffer, Gpu, HostWord};
+use super::gpu::{CudaError, DeviceBuffer, Gpu, HostRegistration, HostWord};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::kernels::{
     ExchangeArg, HandoffKernel, HandoffLaunch, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES,
@@ -46,18 +51,28 @@ use crate::engine::{
 /// rank).
 pub(crate) const HANDOFF_MAX_RANKS: usize = 8;
 
-/// Which hand-off a communicator uses.
+/// Which hand-off a communicator uses (rank 0's choice holds for all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handoff {
-    /// On the GPU when every rank has a GPU of its own on the peer-to-peer
-    /// path (at most 8 ranks) and the ring is not forced; on the host
+    /// On the GPU when every rank has a GPU of its own (at most 8 ranks)
+    /// and the ring is not forced: through device memory over peer-to-peer,
+    /// or through pinned shared host memory without it. On the host
     /// otherwise.
-    Auto,
+    Auto = 0,
     /// Always on the GPU (ranks sharing a GPU then wait for each other's
-    /// time slices: for tests).
-    Gpu,
+    /// time slices unless MPS runs them together: for tests).
+    Gpu = 1,
     /// Ranks meet on the host after every step (the host-mediated path).
-    Host,
+    Host = 2,
+}
+
+impl Handoff {
+    /// The choice as rank 0 broadcast it (`as i64`).
+    pub(super) fn from_word(word: i64) -> Option<Handoff> {
+        [Handoff::Auto, Handoff::Gpu, Handoff::Host]
+            .into_iter()
+            .find(|handoff| *handoff as i64 == word)
+    }
 }
 
 /// The error word's failures: `kind << 16 | detail << 8 | peer`. Kernels
@@ -137,12 +152,52 @@ struct Call {
     root: usize,
 }
 
+/// Where the exchange blocks live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ExchangeMemory {
+    /// Each rank's device memory, opened by the peers over CUDA IPC.
+    Device,
+    /// The ranks' backend areas of the control plane's shared segment,
+    /// pinned and mapped into every rank's GPU.
+    Host,
+}
+
+/// Every rank's exchange block as this rank's GPU addresses it.
+enum Blocks {
+    Device {
+        own: DeviceBuffer<u8>,
+        /// `None` at our own rank.
+        peers: Vec<Option<PeerMemory>>,
+    },
+    Host {
+        areas: Vec<HostRegistration>,
+    },
+}
+
+impl Blocks {
+    fn address(&self, rank: usize) -> u64 {
+        match self {
+            Blocks::Device { own, peers } => peers[rank]
+                .as_ref()
+                .map_or_else(|| own.address(), PeerMemory::address),
+            Blocks::Host { areas } => areas[rank].device_address(),
+        }
+    }
+
+    fn count(&self) -> usize {
+        match self {
+            Blocks::Device { peers, .. } => peers.len(),
+            Blocks::Host { areas } => areas.len(),
+        }
+    }
+}
+
 /// The exchange blocks and the state of the calls so far.
 pub(super) struct Exchange {
     gpu: Arc<Gpu>,
-    block: DeviceBuffer<u8>,
-    /// Each rank's block as mapped here (`None` at our own rank).
-    peers: Vec<Option<PeerMemory>>,
+    blocks_memory: Blocks,
+    /// Each kernel block's launch counter (`HANDOFF_BLOCKS` words).
+    epochs: DeviceBuffer<i64>,
     /// Bytes of one inbox or result slot (rank 0's choice).
     pub(super) window: usize,
     /// The grid of every launch (rank 0's choice: the flags are per block).
@@ -159,7 +214,7 @@ pub(super) struct Exchange {
 
 impl Exchange {
     /// Bytes of a rank's exchange block.
-    fn bytes(nranks: usize, window: usize) -> usize {
+    pub(super) fn bytes(nranks: usize, window: usize) -> usize {
         HANDOFF_HEADER_BYTES + 4 * nranks * window
     }
 
@@ -179,19 +234,52 @@ impl Drop for Exchange {
 }
 
 impl CudaCommunicator {
-    /// Allocates this rank's exchange block, exports it, and opens every
-    /// peer's (collective: every rank calls it at init on the peer-to-peer
-    /// path).
+    /// Sets up the exchange blocks in `memory` and the watchdog
+    /// (collective: every rank calls it at init when calls hand over on the
+    /// GPU, then agrees on the outcome, which is also the barrier that keeps
+    /// peers from writing into a block before it is zeroed and mapped).
     pub(super) fn open_exchange(
         &mut self,
+        memory: ExchangeMemory,
         window: usize,
         blocks: u32,
         timeout: Duration,
     ) -> Result<(), EngineError> {
         let err = on_rank(self.rank);
-        let block = DeviceBuffer::<u8>::zeroed(&self.gpu, Exchange::bytes(self.nranks, window))
-            .map_err(&err)?;
-        let handle = ipc::export(&self.gpu, block.address()).map_err(&err)?;
+        let bytes = Exchange::bytes(self.nranks, window);
+        let blocks_memory = match memory {
+            ExchangeMemory::Device => self.open_device_blocks(bytes)?,
+            ExchangeMemory::Host => self.open_host_blocks(bytes)?,
+        };
+        let epochs = DeviceBuffer::<i64>::zeroed(&self.gpu, HANDOFF_BLOCKS).map_err(&err)?;
+        let error = Arc::new(HostWord::new(&self.gpu).map_err(&err)?);
+        let ordering = self.gpu.new_event().map_err(&err)?;
+        let pids = self.control.pids();
+        let watch = PeerWatch::open(self.rank, pids.clone()).map_err(EngineError::from)?;
+        let watchdog = Watchdog::start(watch, error.clone())
+            .map_err(|source| EngineError::transport(self.rank, super::BACKEND, source))?;
+        self.exchange = Some(Exchange {
+            gpu: self.gpu.clone(),
+            blocks_memory,
+            epochs,
+            window,
+            blocks,
+            timeout,
+            error,
+            pids,
+            _watchdog: watchdog,
+            ordering,
+            last_stream: None,
+        });
+        Ok(())
+    }
+
+    /// Allocates this rank's block in device memory, exports it, and opens
+    /// every peer's.
+    fn open_device_blocks(&mut self, bytes: usize) -> Result<Blocks, EngineError> {
+        let err = on_rank(self.rank);
+        let own = DeviceBuffer::<u8>::zeroed(&self.gpu, bytes).map_err(&err)?;
+        let handle = ipc::export(&self.gpu, own.address()).map_err(&err)?;
         let mut handles = vec![0i64; HANDLE_WORDS * self.nranks];
         self.control.all_gather(&handle, &mut handles)?;
         let mut peers = Vec::with_capacity(self.nranks);
@@ -205,27 +293,27 @@ impl CudaCommunicator {
                 Some(PeerMemory::open(&self.gpu, words).map_err(&err)?)
             });
         }
-        let error = Arc::new(HostWord::new(&self.gpu).map_err(&err)?);
-        let ordering = self.gpu.new_event().map_err(&err)?;
-        let pids = self.control.pids();
-        let watch = PeerWatch::open(self.rank, pids.clone()).map_err(EngineError::from)?;
-        let watchdog = Watchdog::start(watch, error.clone())
-            .map_err(|source| EngineError::transport(self.rank, super::BACKEND, source))?;
-        self.exchange = Some(Exchange {
-            gpu: self.gpu.clone(),
-            block,
-            peers,
-            window,
-            blocks,
-            timeout,
-            error,
-            pids,
-            _watchdog: watchdog,
-            ordering,
-            last_stream: None,
-        });
-        // Every rank's block is zeroed before any peer may write into it.
-        self.control.all_reduce_in_place(&mut [0i64], ReduceOp::Max)
+        Ok(Blocks::Device { own, peers })
+    }
+
+    /// Pins every rank's backend area of the control plane's segment (fresh
+    /// memfd pages: zeroed) and maps it into this GPU.
+    fn open_host_blocks(&mut self, bytes: usize) -> Result<Blocks, EngineError> {
+        let err = on_rank(self.rank);
+        let mut areas = Vec::with_capacity(self.nranks);
+        for owner in 0..self.nranks {
+            let (start, length) = self
+                .control
+                .backend_area(owner)
+                .filter(|(_, length)| *length >= bytes)
+                .ok_or_else(|| err(CudaError::NoHostExchange { bytes }))?;
+            // SAFETY: the area is `length` bytes of the control plane's
+            // mapping, which lives as long as the communicator; the exchange
+            // (and this registration) is dropped before the control plane
+            // (field order of `CudaCommunicator`).
+            areas.push(unsafe { HostRegistration::new(&self.gpu, start, length) }.map_err(&err)?);
+        }
+        Ok(Blocks::Host { areas })
     }
 
     /// Whether calls hand over on the GPU.
@@ -535,16 +623,19 @@ impl CudaCommunicator {
         let (rank, nranks, element) = (self.rank, self.nranks, call.dtype.size_bytes());
         let exchange = self.exchange.as_mut().expect("handoff_window checked it");
         let argument = ExchangeArg {
-            base: std::array::from_fn(|rank| match exchange.peers.get(rank) {
-                Some(Some(peer)) => peer.address(),
-                Some(None) => exchange.block.address(),
-                None => 0,
+            base: std::array::from_fn(|rank| {
+                if rank < exchange.blocks_memory.count() {
+                    exchange.blocks_memory.address(rank)
+                } else {
+                    0
+                }
             }),
             window: exchange.window as u64,
             rank: rank as u32,
             nranks: nranks as u32,
             timeout_ns: exchange.timeout.as_nanos() as u64,
             error: exchange.error.device_address(),
+            epochs: exchange.epochs.address(),
         };
         let mut done = 0;
         while done < call.count {

@@ -110,20 +110,20 @@ extern "C" __global__ void one_shot(S* dst, const S* p0, const S* p1, const S* p
 // ---- GPU-side hand-off (handoff.rs): one launch per call, ranks meet on the
 // GPU through flags in each other's exchange blocks, never on the host.
 //
-// A rank's exchange block: flags [phase 2][parity 2][sender HMAX][block HBLOCKS]
-// (u64 epochs), the epoch counters [block HBLOCKS], then inboxes
-// [parity][sender][window], then results [parity][owner][window]. A sender
+// A rank's exchange block (device memory, or pinned host memory when there is
+// no peer-to-peer): flags [phase 2][parity 2][sender HMAX][block HBLOCKS]
+// (u64 epochs), then inboxes [parity][sender][window], then results
+// [parity][owner][window]. A sender
 // writes its data into the receiver's block, then, after a system-scope fence,
 // stores the launch's epoch into its flag there with release semantics; the
 // receiver polls its own flags with acquire loads. Each block counts its
-// launches in its own counter (device memory, not a kernel argument, so a
-// replayed CUDA graph counts on): every rank makes the same launches in the
+// launches in its own counter (in the rank's device memory, not a kernel
+// argument, so a replayed CUDA graph counts on): every rank makes the same launches in the
 // same order, so the epochs agree, and no flag is ever reset; the two parities
 // let launch k+1 run while a slow peer still reads launch k.
 #define HMAX 8
 #define HBLOCKS 64
-#define FLAG_BYTES (2 * 2 * HMAX * HBLOCKS * 8)
-#define HEADER_BYTES (FLAG_BYTES + HBLOCKS * 8)
+#define HEADER_BYTES (2 * 2 * HMAX * HBLOCKS * 8)
 
 __device__ __forceinline__ u64 globaltimer() {
     u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
@@ -144,18 +144,19 @@ struct Exchange {
     unsigned rank, nranks;
     u64 timeout_ns;
     volatile unsigned* error;  // host-mapped: 0, or what failed (handoff.rs)
+    volatile u64* epochs;      // [HBLOCKS] launch counters, this rank's device memory
 };
 
 // This block's epoch for this launch: its counter plus one (thread 0 reads
 // it; `finish` stores it back once the block is done).
 __device__ __forceinline__ u64 begin(const Exchange& x) {
     __shared__ u64 epoch;
-    if (threadIdx.x == 0) epoch = ((volatile u64*)((char*)x.base[x.rank] + FLAG_BYTES))[blockIdx.x] + 1;
+    if (threadIdx.x == 0) epoch = x.epochs[blockIdx.x] + 1;
     __syncthreads();
     return epoch;
 }
 __device__ __forceinline__ void finish(const Exchange& x, u64 epoch) {
-    if (threadIdx.x == 0) ((volatile u64*)((char*)x.base[x.rank] + FLAG_BYTES))[blockIdx.x] = epoch;
+    if (threadIdx.x == 0) x.epochs[blockIdx.x] = epoch;
 }
 
 __device__ __forceinline__ char* inbox(const Exchange& x, unsigned at, unsigned parity, unsigned sender) {
@@ -446,10 +447,8 @@ fn architecture(capability: (i32, i32)) -> Option<&'static str> {
 
 /// Blocks of a hand-off launch, at most (`HBLOCKS`: the flags are per block).
 pub(crate) const HANDOFF_BLOCKS: usize = 64;
-/// Bytes of the flags and epoch counters at the start of an exchange block
-/// (`HEADER_BYTES`).
-pub(crate) const HANDOFF_HEADER_BYTES: usize =
-    2 * 2 * HANDOFF_MAX_RANKS * HANDOFF_BLOCKS * 8 + HANDOFF_BLOCKS * 8;
+/// Bytes of the flags at the start of an exchange block (`HEADER_BYTES`).
+pub(crate) const HANDOFF_HEADER_BYTES: usize = 2 * 2 * HANDOFF_MAX_RANKS * HANDOFF_BLOCKS * 8;
 const HANDOFF_THREADS: u32 = 512;
 
 /// `struct Exchange` of the hand-off kernels, passed by value.
@@ -462,6 +461,8 @@ pub(crate) struct ExchangeArg {
     pub(crate) nranks: u32,
     pub(crate) timeout_ns: u64,
     pub(crate) error: u64,
+    /// `HANDOFF_BLOCKS` launch counters in this rank's device memory.
+    pub(crate) epochs: u64,
 }
 
 // SAFETY: `repr(C)` plain data laid out as the kernels' `struct Exchange`

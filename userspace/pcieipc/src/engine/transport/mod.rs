@@ -59,6 +59,8 @@ pub enum Window {
     /// One of the two one-shot buffers, alternated between calls so a rank can
     /// publish the next call while a slow peer still reads the previous one.
     OneShot { parity: usize },
+    /// The rank's backend area (`WindowSizes::backend_bytes`).
+    Backend,
 }
 
 /// A counter published in shared memory. `*Posted` counts messages its owner has
@@ -99,6 +101,11 @@ pub struct WindowSizes {
     pub relay_slots: usize,
     /// Bytes in each of the two one-shot buffers.
     pub one_shot_bytes: usize,
+    /// Bytes of each rank's backend area (0: none): memory the engine never
+    /// touches, for a backend layered on the communicator whose devices read
+    /// and write the segment themselves (the CUDA hand-off through host
+    /// memory registers it with the GPU).
+    pub backend_bytes: usize,
 }
 
 /// The shared state of a communicator, as a transport provides it.

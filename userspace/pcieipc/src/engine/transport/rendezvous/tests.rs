@@ -38,6 +38,7 @@ fn plausible_sizes(random: &mut Random) -> WindowSizes {
         raw_slots: 1 + random.below(3) as usize,
         relay_slots: 1 + random.below(3) as usize,
         one_shot_bytes: PAGE * (1 + random.below(2) as usize),
+        backend_bytes: PAGE * random.below(2) as usize,
     }
 }
 
@@ -51,7 +52,7 @@ fn hostile_welcome(random: &mut Random, joiner: u32, nranks: usize) -> (Vec<u8>,
     match random.below(6) {
         // Random sizes: huge, zero, unaligned, overflowing.
         0 => {
-            for at in [8, 16, 24, 32] {
+            for at in [8, 16, 24, 32, 40] {
                 let value = match random.below(4) {
                     0 => random.next(),
                     1 => 0,
@@ -141,6 +142,7 @@ fn a_hostile_rank_0_gets_errors_not_crashes() {
                         raw_slots: 1,
                         relay_slots: 1,
                         one_shot_bytes: PAGE,
+                        backend_bytes: 0,
                     },
                     join_timeout: Duration::from_secs(5),
                     secret: None,
@@ -174,6 +176,7 @@ fn silent_and_junk_connections_do_not_stall_the_rendezvous() {
                 raw_slots: 1,
                 relay_slots: 1,
                 one_shot_bytes: PAGE,
+                backend_bytes: 0,
             };
             host(&name, None, 2, sizes, Duration::from_secs(20), || Ok(()))
         })
@@ -217,6 +220,7 @@ fn a_rank_without_the_job_secret_is_refused() {
         raw_slots: 1,
         relay_slots: 1,
         one_shot_bytes: PAGE,
+        backend_bytes: 0,
     };
     let host = {
         let name = name.clone();

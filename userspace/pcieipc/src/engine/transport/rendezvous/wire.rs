@@ -6,11 +6,11 @@ use super::super::WindowSizes;
 
 pub(super) const MAGIC: u32 = 0x5043_4945; // "PCIE"
 /// 2: the hello carries the job's secret and no pid (rank 0 takes pids
-/// from the kernel).
-pub(super) const VERSION: u32 = 2;
+/// from the kernel). 3: the welcome carries the backend area's size.
+pub(super) const VERSION: u32 = 3;
 pub(super) const HELLO_BYTES: usize = 32;
 /// Bytes of a welcome before its pids, and of a refusal.
-pub(super) const WELCOME_HEAD_BYTES: usize = 40;
+pub(super) const WELCOME_HEAD_BYTES: usize = 48;
 pub(super) const REFUSAL_BYTES: usize = 24;
 
 pub(super) const WELCOME_OK: u32 = 0;
@@ -77,6 +77,7 @@ pub(super) fn welcome(sizes: WindowSizes, pids: &[u32]) -> Vec<u8> {
         sizes.raw_slots,
         sizes.relay_slots,
         sizes.one_shot_bytes,
+        sizes.backend_bytes,
     ] {
         put_u64(&mut bytes, size as u64);
     }
@@ -95,6 +96,7 @@ pub(super) fn welcome_contents(bytes: &[u8], nranks: usize) -> (WindowSizes, Vec
         raw_slots: size(16),
         relay_slots: size(24),
         one_shot_bytes: size(32),
+        backend_bytes: size(40),
     };
     let pids = (0..nranks)
         .map(|peer| u32_at(bytes, WELCOME_HEAD_BYTES + 4 * peer))

@@ -83,6 +83,7 @@ pub(crate) struct Layout {
     pub(crate) per_rank_windows: usize,
     pub(crate) relay: usize,
     pub(crate) one_shot: usize,
+    pub(crate) backend: usize,
     pub(crate) total: usize,
 }
 
@@ -116,6 +117,12 @@ impl Layout {
                 ));
             }
         }
+        if sizes.backend_bytes > MAX_WINDOW_BYTES || !sizes.backend_bytes.is_multiple_of(PAGE) {
+            return Err(format!(
+                "backend area of {} bytes (a multiple of {PAGE} up to {MAX_WINDOW_BYTES})",
+                sizes.backend_bytes
+            ));
+        }
         for (what, slots) in [("raw", sizes.raw_slots), ("relay", sizes.relay_slots)] {
             if !(1..=MAX_SLOTS).contains(&slots) {
                 return Err(format!("{slots} {what} slots (1 to {MAX_SLOTS})"));
@@ -126,7 +133,8 @@ impl Layout {
         let windows = controls + round_up(nranks * std::mem::size_of::<RankControl>(), PAGE);
         let relay = sizes.raw_slots * sizes.slot_bytes;
         let one_shot = relay + sizes.relay_slots * sizes.slot_bytes;
-        let per_rank_windows = round_up(one_shot + 2 * sizes.one_shot_bytes, PAGE);
+        let backend = round_up(one_shot + 2 * sizes.one_shot_bytes, PAGE);
+        let per_rank_windows = backend + sizes.backend_bytes;
         let total = nranks
             .checked_mul(per_rank_windows)
             .and_then(|all| all.checked_add(windows))
@@ -140,6 +148,7 @@ impl Layout {
             per_rank_windows,
             relay,
             one_shot,
+            backend,
             total,
         })
     }
@@ -156,12 +165,17 @@ mod tests {
             raw_slots: 5,
             relay_slots: 25,
             one_shot_bytes: 8192,
+            backend_bytes: 3 * PAGE,
         };
         let layout = Layout::new(4, sizes).unwrap();
         assert_eq!(layout.controls, PAGE);
         assert!(layout.controls + 4 * std::mem::size_of::<RankControl>() <= layout.windows);
-        assert_eq!(layout.per_rank_windows, (5 + 25 + 2) * 8192);
-        assert_eq!(layout.total, layout.windows + 4 * (5 + 25 + 2) * 8192);
+        assert_eq!(layout.backend, (5 + 25 + 2) * 8192);
+        assert_eq!(layout.per_rank_windows, (5 + 25 + 2) * 8192 + 3 * PAGE);
+        assert_eq!(
+            layout.total,
+            layout.windows + 4 * ((5 + 25 + 2) * 8192 + 3 * PAGE)
+        );
     }
 
     #[test]
@@ -171,6 +185,7 @@ mod tests {
             raw_slots: 1,
             relay_slots: 1,
             one_shot_bytes: PAGE,
+            backend_bytes: 0,
         };
         assert!(Layout::new(2, good).is_ok());
         let bad = [
@@ -215,6 +230,20 @@ mod tests {
                 2,
                 WindowSizes {
                     one_shot_bytes: 2 * MAX_WINDOW_BYTES,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    backend_bytes: PAGE / 2,
+                    ..good
+                },
+            ),
+            (
+                2,
+                WindowSizes {
+                    backend_bytes: 2 * MAX_WINDOW_BYTES,
                     ..good
                 },
             ),

@@ -27,6 +27,7 @@ pub(crate) fn page_aligned(sizes: WindowSizes) -> WindowSizes {
     WindowSizes {
         slot_bytes: round_up(sizes.slot_bytes.max(1), PAGE),
         one_shot_bytes: round_up(sizes.one_shot_bytes.max(1), PAGE),
+        backend_bytes: round_up(sizes.backend_bytes, PAGE),
         ..sizes
     }
 }

@@ -71,6 +71,10 @@ impl Segment {
                 assert!(parity < 2);
                 self.layout.one_shot + parity * sizes.one_shot_bytes
             }
+            Window::Backend => {
+                assert!(sizes.backend_bytes > 0, "the segment has no backend area");
+                self.layout.backend
+            }
         };
         assert!(owner < self.layout.nranks);
         // SAFETY: `Layout` places every window of every rank inside the mapping.
@@ -198,6 +202,7 @@ mod tests {
             raw_slots: 1,
             relay_slots: 1,
             one_shot_bytes: 4096,
+            backend_bytes: 0,
         };
         let layout = Layout::new(nranks, sizes).unwrap();
         let allocation = std::alloc::Layout::from_size_align(layout.total, 4096).unwrap();
