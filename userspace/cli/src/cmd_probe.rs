@@ -8,17 +8,29 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use pcieipc::plan::CostModel;
-use pcieipc::probe::report::{DeviceReport, GpuPairReport, LinkReport, RingPlanReport};
-use pcieipc::probe::{Bdf, HealthModel, LinkState, ProbeReport, Severity, Topology};
+use pcieipc::probe::nvlink::{GpuNvlinkState, NvlinkRemote};
+use pcieipc::probe::report::{DeviceReport, GpuPairReport, GpuReport, LinkReport, RingPlanReport};
+use pcieipc::probe::{
+    Bdf, HealthBasis, HealthModel, LinkState, NvlinkSource, NvlinkStatus, Nvlinks, NvmlFixture,
+    NvmlLibrary, ProbeReport, Severity, Topology,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Root of the sysfs tree: the probe reads DIR/sys (a copied tree works too).
     #[arg(long, value_name = "DIR", default_value = "/")]
     sysfs_root: PathBuf,
-    /// Print the report as JSON (schema: docs/schemas/probe-v1.schema.json).
+    /// Print the report as JSON (schema: docs/schemas/probe-v2.schema.json).
     #[arg(long)]
     json: bool,
+    /// Read NVLink state from NVML answers recorded in FILE (by --capture-nvml)
+    /// instead of asking the driver: with --sysfs-root, another machine's.
+    #[arg(long, value_name = "FILE", conflicts_with = "capture_nvml")]
+    nvml_fixture: Option<PathBuf>,
+    /// Ask the driver's NVML and also write its answers to FILE, to replay them
+    /// with --nvml-fixture (next to a sysfs copy made by capture.sh).
+    #[arg(long, value_name = "FILE")]
+    capture_nvml: Option<PathBuf>,
     /// Exit with status 1 when a finding is at or above SEVERITY (info, warning, error).
     #[arg(long, value_name = "SEVERITY", default_value = "error")]
     fail_on: Severity,
@@ -44,7 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         sub_healthy_below: args.sub_healthy_below,
     };
     let topology = Topology::from_sysfs_root(&args.sysfs_root, health_model)
-        .with_context(|| format!("probing sysfs under {}", args.sysfs_root.display()))?;
+        .with_context(|| format!("probing sysfs under {}", args.sysfs_root.display()))?
+        .with_nvlinks(nvlinks(&args)?);
     let report = ProbeReport::new(&topology, &CostModel::default());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -59,6 +72,32 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// NVLink from recorded answers, or from the driver when probing this
+/// machine; the driver's absence is a line of the report, not an error.
+fn nvlinks(args: &Args) -> anyhow::Result<Nvlinks> {
+    if let Some(path) = &args.nvml_fixture {
+        return Ok(Nvlinks::from_answers(&NvmlFixture::new(path).answers()?));
+    }
+    let this_machine = args.sysfs_root == std::path::Path::new("/");
+    if !this_machine && args.capture_nvml.is_none() {
+        return Ok(Nvlinks::without(NvlinkStatus::NotRead));
+    }
+    let live = NvmlLibrary::open().and_then(|nvml| nvml.answers());
+    match (live, &args.capture_nvml) {
+        (Ok(answers), Some(path)) => {
+            std::fs::write(path, serde_json::to_string_pretty(&answers)? + "\n")
+                .with_context(|| format!("writing NVML answers to {}", path.display()))?;
+            Ok(Nvlinks::from_answers(&answers))
+        }
+        (Ok(answers), None) => Ok(Nvlinks::from_answers(&answers)),
+        (Err(error), Some(_)) => Err(error).context("capturing NVML answers"),
+        (Err(error), None) => Ok(Nvlinks::without(NvlinkStatus::Unavailable(format!(
+            "{:#}",
+            anyhow::Error::from(error)
+        )))),
+    }
 }
 
 fn render(report: &ProbeReport, root: &std::path::Path) -> String {
@@ -86,6 +125,12 @@ fn render(report: &ProbeReport, root: &std::path::Path) -> String {
             .collect();
         render_children(&mut out, &on_root_bus, &children, &gpu_names, "");
     }
+    if !report.aer_reported {
+        let _ = writeln!(
+            out,
+            "AER: not reported by this kernel/VM (no aer_dev_* files): health is the link state's"
+        );
+    }
 
     if report.gpus.is_empty() {
         let _ = writeln!(out, "\nGPUs: none");
@@ -109,11 +154,19 @@ fn render(report: &ProbeReport, root: &std::path::Path) -> String {
                 gpu.numa_node
                     .map_or("?".to_string(), |node| node.to_string()),
                 bottleneck,
-                gpu.health
-                    .map_or("?".to_string(), |score| format!("{score:.4}")),
+                health_text(gpu.health, gpu.health_basis),
                 if gpu.sub_healthy { " SUB-HEALTHY" } else { "" },
             );
+            if let Some(line) = nvlink_line(gpu, &gpu_names) {
+                let _ = writeln!(out, "        {line}");
+            }
         }
+        let driver = report
+            .nvlink
+            .driver_version
+            .as_ref()
+            .map_or(String::new(), |version| format!(" (driver {version})"));
+        let _ = writeln!(out, "  NVLink: {}{driver}", report.nvlink.summary);
         render_pairs(&mut out, report);
     }
 
@@ -195,10 +248,11 @@ fn device_line(device: &DeviceReport, gpu_names: &BTreeMap<Bdf, String>) -> Stri
     if let Some(link) = &device.link {
         let _ = write!(line, "  {}", link_text(link));
     }
-    if let Some(score) = device.health {
+    if device.health.is_some() {
         let _ = write!(
             line,
-            "  health {score:.4}{}",
+            "  health {}{}",
+            health_text(device.health, device.health_basis),
             if device.sub_healthy {
                 " SUB-HEALTHY"
             } else {
@@ -214,6 +268,60 @@ fn device_line(device: &DeviceReport, gpu_names: &BTreeMap<Bdf, String>) -> Stri
         line += "  ACS-REDIRECT";
     }
     line
+}
+
+/// A score and what it rests on: AER counters, or the link alone.
+fn health_text(score: Option<f64>, basis: Option<HealthBasis>) -> String {
+    match (score, basis) {
+        (Some(score), Some(HealthBasis::LinkState)) => {
+            format!("{score:.4} (link state; AER not reported)")
+        }
+        (Some(score), _) => format!("{score:.4}"),
+        (None, _) => "? (no AER counters, link state unknown)".to_string(),
+    }
+}
+
+/// A GPU's active NVLinks grouped by what they reach.
+fn nvlink_line(gpu: &GpuReport, gpu_names: &BTreeMap<Bdf, String>) -> Option<String> {
+    let GpuNvlinkState::Read { active } = gpu.nvlink.as_ref()? else {
+        return None;
+    };
+    if active.is_empty() {
+        return Some("NVLink: no active links".to_string());
+    }
+    let mut reached: BTreeMap<String, usize> = BTreeMap::new();
+    for link in active {
+        let name = match link.remote {
+            NvlinkRemote::Gpu(bdf) => gpu_names
+                .get(&bdf)
+                .map_or(format!("GPU {bdf}"), |name| format!("{name} ({bdf})")),
+            NvlinkRemote::Switch(_) => "NVSwitch".to_string(),
+            NvlinkRemote::Npu(bdf) => format!("NPU {bdf}"),
+            NvlinkRemote::Unknown(bdf) => {
+                bdf.map_or("unknown".to_string(), |bdf| format!("unknown {bdf}"))
+            }
+        };
+        *reached.entry(name).or_default() += 1;
+    }
+    let targets: Vec<String> = reached
+        .iter()
+        .map(|(name, count)| format!("{count} to {name}"))
+        .collect();
+    let first = &active[0];
+    let version = serde_json::to_value(first.version)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_string))
+        .map_or("version unknown".to_string(), |version| {
+            format!("NVLink {version}")
+        });
+    let speed = first
+        .bandwidth_gbps
+        .map_or(String::new(), |gbps| format!(", {gbps:.1} GB/s each"));
+    Some(format!(
+        "NVLink: {} active: {} ({version}{speed})",
+        active.len(),
+        targets.join(", ")
+    ))
 }
 
 fn speed_text(speed: Option<pcieipc::probe::LinkSpeed>) -> String {
@@ -251,7 +359,7 @@ fn render_pairs(out: &mut String, report: &ProbeReport) {
         .collect();
     let _ = writeln!(
         out,
-        "\nGPU pairs: path class, hops, bottleneck GB/s (* = P2P via root complex by ACS)"
+        "\nGPU pairs: path class (NV# = # bonded NVLinks), PCIe hops, bottleneck GB/s (* = P2P via root complex by ACS)"
     );
     let _ = write!(out, "{:8}", "");
     for b in 0..count {
@@ -263,9 +371,16 @@ fn render_pairs(out: &mut String, report: &ProbeReport) {
         for b in 0..count {
             let cell = match pairs.get(&(a.min(b), a.max(b))) {
                 None => "X".to_string(),
+                Some(pair) if pair.nvlink.is_some() => format!(
+                    "{} {}",
+                    pair.class,
+                    pair.nvlink
+                        .and_then(|nvlink| nvlink.bandwidth_gbps)
+                        .map_or("?".to_string(), |gbps| format!("{gbps:.1}"))
+                ),
                 Some(pair) => format!(
                     "{}{} {}h {}",
-                    pair.class.as_str(),
+                    pair.class,
                     if pair.acs_redirecting_ports.is_empty() {
                         ""
                     } else {

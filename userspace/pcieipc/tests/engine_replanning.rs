@@ -40,6 +40,7 @@ const HEALTHY: LinkFacts = LinkFacts {
     speed_gt_s: 16.0,
     width: 16,
     recent_aer_errors: 0,
+    over_nvlink: false,
 };
 
 fn init(
@@ -127,7 +128,7 @@ fn link_changes_switch_every_rank_at_the_same_call(role: Role) {
             comm.set_link(Some(LinkFacts {
                 speed_gt_s: 8.0,
                 width: 8,
-                recent_aer_errors: 0,
+                ..HEALTHY
             }));
         }
     }

@@ -26,12 +26,12 @@ fn index(topology: &Topology, text: &str) -> usize {
 
 fn validate_against_schema(report: &ProbeReport) {
     let schema_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../docs/schemas/probe-v1.schema.json");
+        .join("../../docs/schemas/probe-v2.schema.json");
     let schema: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(schema_path).unwrap()).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
     let instance = serde_json::to_value(report).unwrap();
-    assert_eq!(instance["schema_version"], 1);
+    assert_eq!(instance["schema_version"], 2);
     let errors: Vec<String> = validator
         .iter_errors(&instance)
         .map(|error| format!("{} at {}", error, error.instance_path()))
@@ -131,7 +131,7 @@ fn dgx8_links_from_config_space() {
         )
     );
     assert_eq!(nvme.state, LinkState::Full);
-    assert_eq!(nvme.upstream, index(&topology, "0000:02:02.0"));
+    assert_eq!(nvme.upstream, Some(index(&topology, "0000:02:02.0")));
     // Target speed only comes from LnkCtl2 of the port above.
     assert_eq!(nvme.target_speed, Some(LinkSpeed::Gt16));
     let gpu0 = topology
@@ -564,4 +564,246 @@ fn link_facts_for_the_chunk_policy_come_from_the_probe() {
     assert_eq!(chunk("0000:8b:00.0"), 1 << 20);
     // A host bridge has no link above it.
     assert!(LinkFacts::of_device(&topology, index(&topology, "0000:00:00.0")).is_none());
+}
+
+/// 32 GT/s lane after 128b/130b, in GB/s.
+const GEN5_LANE: f64 = 32.0 * 128.0 / 130.0 / 8.0;
+
+/// A fixture's sysfs tree with the NVML answers recorded next to it.
+fn probe_with_nvml(name: &str) -> Topology {
+    use pcieipc::probe::{NvlinkSource, Nvlinks, NvmlFixture};
+    let root = generator::fixture_root(name);
+    let answers = NvmlFixture::new(&root.join("nvml.json")).answers().unwrap();
+    Topology::from_sysfs_root(&root, HealthModel::default())
+        .unwrap()
+        .with_nvlinks(Nvlinks::from_answers(&answers))
+}
+
+/// The real capture of the one-H200 VM: the GPU on the root bus with no
+/// port above it, no AER files, NVML answering NOT_SUPPORTED for NVLink.
+#[test]
+fn h200_vm_gpu_link_comes_from_the_gpu_itself() {
+    use pcieipc::probe::{HealthBasis, NvlinkStatus};
+    let topology = probe_with_nvml("h200-1gpu-vm");
+    assert_eq!(
+        topology
+            .gpus()
+            .iter()
+            .map(|&gpu| topology.devices[gpu].bdf)
+            .collect::<Vec<_>>(),
+        [bdf("0000:00:06.0")]
+    );
+    let gpu = index(&topology, "0000:00:06.0");
+    let link = topology.link_above(gpu).unwrap();
+    assert_eq!(link.upstream, None);
+    assert_eq!(
+        (
+            link.current_speed,
+            link.current_width,
+            link.max_speed,
+            link.max_width
+        ),
+        (
+            Some(LinkSpeed::Gt32),
+            Some(16),
+            Some(LinkSpeed::Gt32),
+            Some(16)
+        )
+    );
+    assert_eq!(link.state, LinkState::Full);
+    // Only the GPU reports a link: the host bridge and virtio functions do not.
+    assert_eq!(topology.links.len(), 1);
+    assert!(!topology.aer_reported());
+    assert_eq!(topology.devices[gpu].health, Some(1.0));
+    assert_eq!(topology.health_basis(gpu), Some(HealthBasis::LinkState));
+    assert_eq!(
+        topology.health_basis(index(&topology, "0000:00:03.0")),
+        None
+    );
+    assert_eq!(topology.nvlinks.status, NvlinkStatus::NotSupported);
+    assert_eq!(
+        topology.nvlinks.driver_version.as_deref(),
+        Some("580.159.04")
+    );
+
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let to_root = report.gpus[0].bottleneck_to_root.as_ref().unwrap();
+    assert_eq!(to_root.link_above, bdf("0000:00:06.0"));
+    assert!((to_root.bandwidth_gbps - 16.0 * GEN5_LANE).abs() < 1e-9);
+    assert_eq!(report.gpus[0].unknown_links_to_root, 0);
+    assert_eq!(report.gpus[0].health_basis, Some(HealthBasis::LinkState));
+    assert!(!report.aer_reported);
+    assert_eq!(report.nvlink.summary, "not supported by this GPU/driver");
+    assert_eq!(
+        report.gpus[0].nvlink,
+        Some(pcieipc::probe::nvlink::GpuNvlinkState::NotSupported)
+    );
+    assert!(report.findings.is_empty(), "{:?}", report.findings);
+    validate_against_schema(&report);
+}
+
+/// The constructed two-H200 VM: both GPUs on the root bus at Gen5 x16,
+/// joined by 18 NVLink 4 links.
+#[test]
+fn h200_pair_over_nvlink_is_nv18_and_the_ring_runs_at_its_bandwidth() {
+    let topology = probe_with_nvml("h200-2gpu-vm");
+    let (gpu0, gpu1) = (
+        index(&topology, "0000:00:06.0"),
+        index(&topology, "0000:00:07.0"),
+    );
+    let path = topology.path_between(gpu0, gpu1);
+    assert_eq!(path.class, PathClass::Phb);
+    assert_eq!(path.hops(), 2);
+    let nvlink = path.nvlink.unwrap();
+    assert_eq!(nvlink.label(), "NV18");
+    assert!(!nvlink.through_switch);
+    assert_eq!(nvlink.bandwidth_gbps, Some(18.0 * 25.0));
+
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let pair = &report.gpu_pairs[0];
+    assert_eq!(
+        (pair.class.as_str(), pair.pcie_class),
+        ("NV18", PathClass::Phb)
+    );
+    assert_eq!(pair.model_bandwidth_gbps, 450.0);
+    // The PCIe path is still reported: both GPUs' own Gen5 x16 links.
+    assert!((pair.bottleneck.as_ref().unwrap().bandwidth_gbps - 16.0 * GEN5_LANE).abs() < 1e-9);
+    let best = report.ring.best.as_ref().unwrap();
+    assert_eq!(best.bottleneck_gbps, 450.0);
+    assert_eq!(
+        report.ring.nccl_default.as_ref().unwrap().bottleneck_gbps,
+        450.0
+    );
+    validate_against_schema(&report);
+
+    // Without NVML's answers the pair is PCIe through the root complex, at
+    // the GPUs' real link bandwidth rather than the unknown-link default.
+    let pcie_only = Topology::from_sysfs_root(
+        &generator::fixture_root("h200-2gpu-vm"),
+        HealthModel::default(),
+    )
+    .unwrap();
+    let report = ProbeReport::new(&pcie_only, &CostModel::default());
+    assert_eq!(report.gpu_pairs[0].class, "PHB");
+    assert!(report.gpu_pairs[0].nvlink.is_none());
+    let phb = CostModel::default().host_bridge_factor;
+    let best = report.ring.best.as_ref().unwrap();
+    assert!((best.bottleneck_gbps - 16.0 * GEN5_LANE * phb).abs() < 1e-9);
+    validate_against_schema(&report);
+}
+
+/// NVML answers of a DGX H100/H200: each GPU's 18 NVLink 4 links go to the
+/// NVSwitches (which nvidia-smi prints as NV18 for every pair).
+fn dgx8_nvswitch_answers() -> pcieipc::probe::NvmlAnswers {
+    use pcieipc::probe::nvlink::{Answer, NvmlGpuAnswers, NvmlLinkAnswers};
+    let switches = [
+        "0000:c5:00.0",
+        "0000:c6:00.0",
+        "0000:c7:00.0",
+        "0000:c8:00.0",
+    ];
+    pcieipc::probe::NvmlAnswers {
+        driver_version: Answer::Ok("580.159.04".to_string()),
+        nvml_version: Answer::Ok("13.580.159.04".to_string()),
+        gpus: DGX_GPUS
+            .iter()
+            .enumerate()
+            .map(|(gpu, bus_id)| NvmlGpuAnswers {
+                index: gpu as u32,
+                name: Answer::Ok("NVIDIA H200".to_string()),
+                pci_bus_id: Answer::Ok(format!("0000{bus_id}")),
+                links: (0..18)
+                    .map(|link| NvmlLinkAnswers {
+                        link,
+                        state: Answer::Ok(true),
+                        version: Answer::Ok(6),
+                        remote_pci_bus_id: Answer::Ok(switches[link as usize % 4].to_string()),
+                        remote_device_type: Answer::Ok(2),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn dgx8_over_nvswitches_every_pair_is_nv18() {
+    use pcieipc::engine::{ChunkPolicy, LinkFacts};
+    use pcieipc::probe::Nvlinks;
+    let topology = probe("dgx8").with_nvlinks(Nvlinks::from_answers(&dgx8_nvswitch_answers()));
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    assert_eq!(report.gpu_pairs.len(), 28);
+    for pair in &report.gpu_pairs {
+        assert_eq!(pair.class, "NV18", "GPU{}-GPU{}", pair.a, pair.b);
+        let nvlink = pair.nvlink.unwrap();
+        assert!(nvlink.through_switch);
+        assert_eq!(nvlink.bandwidth_gbps, Some(450.0));
+    }
+    // The PCIe classes stay as they were (ACS redirect included).
+    assert_eq!(report.gpu_pairs[0].pcie_class, PathClass::Pix);
+    let best = report.ring.best.as_ref().unwrap();
+    assert_eq!(best.bottleneck_gbps, 450.0);
+    // The degraded x8 uplink, the sub-healthy GPU6 and the socket crossing
+    // no longer limit the ring: NCCL's bus-id order is as good.
+    assert_eq!(
+        report.ring.nccl_default.as_ref().unwrap().bottleneck_gbps,
+        450.0
+    );
+    validate_against_schema(&report);
+
+    // The chunk policy: GPU6's PCIe path is sub-healthy (256 KiB), but its
+    // ring traffic leaves over NVLink.
+    let facts = LinkFacts::of_device(&topology, index(&topology, "0000:8a:00.0")).unwrap();
+    assert!(facts.over_nvlink);
+    assert_eq!(facts.recent_aer_errors, 1);
+    assert_eq!(
+        ChunkPolicy::default().chunk_bytes(Some(&facts), 64 << 20),
+        1 << 20
+    );
+}
+
+/// A machine without AER counters: a degraded link's health is the share of
+/// its expected bandwidth, said to rest on link state, and reported as a
+/// degraded link rather than as AER errors.
+#[test]
+fn without_aer_health_comes_from_link_state() {
+    use pcieipc::probe::HealthBasis;
+    let mut devices = generator::dgx_eight_gpu();
+    for device in &mut devices {
+        device.aer = None;
+        device.rootport_errors = None;
+    }
+    let scratch = generator::ScratchDir::new("no-aer").unwrap();
+    let root = scratch.path.join("root");
+    generator::write_tree(&root, &devices, 4096).unwrap();
+    let topology = Topology::from_sysfs_root(&root, HealthModel::default()).unwrap();
+    assert!(!topology.aer_reported());
+    // The switch behind the x8 uplink: half its expected bandwidth.
+    let switch = index(&topology, "0000:08:00.0");
+    assert_eq!(topology.devices[switch].health, Some(0.5));
+    assert_eq!(topology.health_basis(switch), Some(HealthBasis::LinkState));
+    let gpu2 = index(&topology, "0000:0a:00.0");
+    assert_eq!(topology.devices[gpu2].health, Some(1.0));
+    // GPU6 had AER errors in the fixture; without counters its link is full.
+    assert_eq!(
+        topology.devices[index(&topology, "0000:8a:00.0")].health,
+        Some(1.0)
+    );
+    // The idle GPU7 is not penalised.
+    assert_eq!(
+        topology.devices[index(&topology, "0000:8b:00.0")].health,
+        Some(1.0)
+    );
+    // Ports without a link above have no score.
+    assert_eq!(
+        topology.devices[index(&topology, "0000:00:01.0")].health,
+        None
+    );
+
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    assert!(!report.aer_reported);
+    let kinds: Vec<FindingKind> = report.findings.iter().map(|finding| finding.kind).collect();
+    assert!(kinds.contains(&FindingKind::DegradedLink), "{kinds:?}");
+    assert!(!kinds.contains(&FindingKind::SubHealthy), "{kinds:?}");
+    validate_against_schema(&report);
 }

@@ -21,6 +21,10 @@ pub struct LinkFacts {
     /// those of the last minute): a rising count means replays, which favour
     /// smaller chunks.
     pub recent_aer_errors: u64,
+    /// The rank's GPU reaches its peers over NVLink (directly or through
+    /// NVSwitches): ring traffic does not cross the PCIe link described
+    /// above, so that link's speed and errors do not shrink the chunk.
+    pub over_nvlink: bool,
 }
 
 impl LinkFacts {
@@ -30,8 +34,9 @@ impl LinkFacts {
     /// not the idle speed), its speed and width, and as recent AER errors the
     /// number of links on the path whose health the probe's model calls
     /// sub-healthy (sysfs counts errors since boot, so this is the probe's
-    /// judgement, not a rate). `None` when no link on the path has a known
-    /// speed and width.
+    /// judgement, not a rate); and whether NVML shows the device reaching
+    /// peers over NVLink. `None` when no link on the path has a known speed
+    /// and width.
     pub fn of_device(topology: &Topology, device: usize) -> Option<LinkFacts> {
         let links = topology.links_to_root(device);
         let (bottleneck, _) = topology.bottleneck(&links)?;
@@ -52,20 +57,28 @@ impl LinkFacts {
             speed_gt_s: speed.gigatransfers_per_second() as f32,
             width: link.current_width?,
             recent_aer_errors: sub_healthy as u64,
+            over_nvlink: topology.nvlinks.reaches_peers(topology.devices[device].bdf),
         })
     }
 }
 
 /// `LinkFacts` as one word of a rank's control block; 0 is no link.
 const LINK_PRESENT: u64 = 1 << 63;
-const LINK_AER_MAX: u64 = (1 << 23) - 1;
+const LINK_OVER_NVLINK: u64 = 1 << 62;
+const LINK_AER_MAX: u64 = (1 << 22) - 1;
 
 impl LinkFacts {
-    /// The word a rank publishes for its link: speed (f32 bits), width and
-    /// the AER count (saturated at 2^23 − 1, far above any threshold).
+    /// The word a rank publishes for its link: speed (f32 bits), width, the
+    /// AER count (saturated at 2^22 − 1, far above any threshold) and the
+    /// NVLink flag.
     pub(crate) fn to_word(link: Option<&LinkFacts>) -> u64 {
         link.map_or(0, |link| {
             LINK_PRESENT
+                | if link.over_nvlink {
+                    LINK_OVER_NVLINK
+                } else {
+                    0
+                }
                 | link.recent_aer_errors.min(LINK_AER_MAX) << 40
                 | u64::from(link.width) << 32
                 | u64::from(link.speed_gt_s.to_bits())
@@ -77,6 +90,7 @@ impl LinkFacts {
             speed_gt_s: f32::from_bits(word as u32),
             width: (word >> 32) as u8,
             recent_aer_errors: (word >> 40) & LINK_AER_MAX,
+            over_nvlink: word & LINK_OVER_NVLINK != 0,
         })
     }
 }
@@ -94,7 +108,7 @@ pub struct SizeStep {
 /// `scripts/bench-vs-mpi.sh` (docs/engine.md has the measurement).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkPolicy {
-    /// A healthy Gen3 x16 or faster link.
+    /// A healthy Gen3 x16 or faster link, or NVLink.
     pub healthy: usize,
     /// A link whose AER error count is rising.
     pub aer_errors: usize,
@@ -160,7 +174,8 @@ impl ChunkPolicy {
     }
 
     /// The chunk size for a message of `message_bytes` crossing `link`
-    /// (`None`: host memory). A slow link wins over errors, since its small
+    /// (`None`: host memory). NVLink takes the healthy chunk whatever the
+    /// PCIe link; otherwise a slow link wins over errors, since its small
     /// fixed chunk is already the floor.
     pub fn chunk_bytes(&self, link: Option<&LinkFacts>, message_bytes: usize) -> usize {
         match link {
@@ -171,6 +186,7 @@ impl ChunkPolicy {
                     .unwrap_or(&self.host_memory[HOST_MEMORY_STEPS - 1])
                     .chunk_bytes
             }
+            Some(link) if link.over_nvlink => self.healthy,
             Some(link) if link.speed_gt_s <= 5.0 => self.slow,
             Some(link) if link.recent_aer_errors >= self.aer_error_threshold => self.aer_errors,
             Some(link) if link.speed_gt_s <= 8.0 && link.width <= 8 => self.degraded,
@@ -195,6 +211,14 @@ mod tests {
             speed_gt_s,
             width,
             recent_aer_errors,
+            over_nvlink: false,
+        }
+    }
+
+    fn nvlink(pcie: LinkFacts) -> LinkFacts {
+        LinkFacts {
+            over_nvlink: true,
+            ..pcie
         }
     }
 
@@ -212,6 +236,9 @@ mod tests {
             assert_eq!(chunk(link(5.0, 16, 0)), 64 << 10);
             assert_eq!(chunk(link(5.0, 4, 9)), 64 << 10);
             assert_eq!(chunk(link(2.5, 1, 0)), 64 << 10);
+            // Over NVLink the PCIe link's speed and errors do not count.
+            assert_eq!(chunk(nvlink(link(2.5, 1, 0))), 1 << 20);
+            assert_eq!(chunk(nvlink(link(16.0, 16, 3))), 1 << 20);
         }
         assert_eq!(policy.max_chunk_bytes(), 1 << 20);
     }
@@ -231,7 +258,12 @@ mod tests {
     fn link_words_round_trip_and_zero_is_no_link() {
         assert_eq!(LinkFacts::to_word(None), 0);
         assert_eq!(LinkFacts::from_word(0), None);
-        for facts in [link(16.0, 16, 0), link(2.5, 1, 7), link(64.0, 32, u64::MAX)] {
+        for facts in [
+            link(16.0, 16, 0),
+            link(2.5, 1, 7),
+            link(64.0, 32, u64::MAX),
+            nvlink(link(32.0, 16, 5)),
+        ] {
             let back = LinkFacts::from_word(LinkFacts::to_word(Some(&facts))).unwrap();
             assert_eq!(back.speed_gt_s, facts.speed_gt_s);
             assert_eq!(back.width, facts.width);
@@ -239,6 +271,7 @@ mod tests {
                 back.recent_aer_errors,
                 facts.recent_aer_errors.min(LINK_AER_MAX)
             );
+            assert_eq!(back.over_nvlink, facts.over_nvlink);
         }
     }
 

@@ -21,7 +21,10 @@ pub struct CostModel {
     pub cross_numa_factor: f64,
     /// Bandwidth (GB/s) assumed for a path with no known link speed.
     pub unknown_link_gbps: f64,
-    /// Latency added per PCIe link traversed, in microseconds.
+    /// Bandwidth (GB/s) assumed per NVLink link of unknown version.
+    pub unknown_nvlink_link_gbps: f64,
+    /// Latency added per link traversed (PCIe, or NVLink to a GPU or a
+    /// switch), in microseconds.
     pub hop_latency_us: f64,
     /// The chunk whose transfer time is the pair cost.
     pub chunk_bytes: u64,
@@ -35,6 +38,8 @@ impl Default for CostModel {
             cross_numa_factor: 0.4,
             // Gen3 x16, the most common GPU link of servers that hide link speeds.
             unknown_link_gbps: 15.75,
+            // One NVLink 1.0 link, the slowest there is.
+            unknown_nvlink_link_gbps: 20.0,
             hop_latency_us: 0.15,
             chunk_bytes: 1 << 20,
         }
@@ -88,9 +93,17 @@ impl PairMatrix {
     }
 }
 
-/// Bandwidth and cost of the P2P path between two devices of the topology.
+/// Bandwidth and cost of the P2P path between two devices of the topology:
+/// over NVLink when the pair has it (P2P then does not touch PCIe, so
+/// neither the PCIe links nor their health count), else over PCIe.
 pub fn pair_cost(topology: &Topology, a: usize, b: usize, model: &CostModel) -> (f64, f64) {
     let path = topology.path_between(a, b);
+    if let Some(nvlink) = path.nvlink {
+        let bandwidth = nvlink
+            .bandwidth_gbps
+            .unwrap_or(f64::from(nvlink.links) * model.unknown_nvlink_link_gbps);
+        return (bandwidth, model.cost_us(bandwidth, nvlink.hops()));
+    }
     let acs = peer_acs(topology, &path);
     let mut links = path.links.clone();
     let mut hops = path.hops();
@@ -123,7 +136,7 @@ pub fn pair_matrix(topology: &Topology, members: &[usize], model: &CostModel) ->
     let mut pairs = vec![(0.0, 0.0); members.len() * members.len()];
     for from in 0..members.len() {
         for to in from + 1..members.len() {
-            // PCIe links are full duplex and symmetric: one path serves both directions.
+            // PCIe and NVLink are full duplex and symmetric: one path serves both directions.
             let pair = pair_cost(topology, members[from], members[to], model);
             pairs[from * members.len() + to] = pair;
             pairs[to * members.len() + from] = pair;

@@ -176,7 +176,9 @@ pub fn diagnose(topology: &Topology) -> Vec<Finding> {
         );
     }
     for (index, device) in topology.devices.iter().enumerate() {
-        if topology.is_sub_healthy(index) {
+        // Without AER counters a low score comes from a degraded link, which
+        // has its own finding.
+        if device.aer_reported() && topology.is_sub_healthy(index) {
             findings.push(sub_healthy_finding(topology, index));
         }
         if device.is_gpu {
@@ -202,11 +204,18 @@ fn width_text(width: Option<u8>) -> String {
 /// The link's values, and the raw LnkSta/LnkCap when config space was read.
 fn link_evidence(topology: &Topology, link: &Link) -> String {
     let below = &topology.devices[link.downstream];
-    let above = &topology.devices[link.upstream];
+    let (ends, which) = match link.upstream {
+        Some(port) => (
+            format!("link {} -> {}", topology.devices[port].bdf, below.bdf),
+            "lower of both ends",
+        ),
+        None => (
+            format!("link of {}", below.bdf),
+            "port above not visible: the device's own view",
+        ),
+    };
     let mut text = format!(
-        "link {} -> {}: current {} {}, capable {} {} (lower of both ends)",
-        above.bdf,
-        below.bdf,
+        "{ends}: current {} {}, capable {} {} ({which})",
         speed_text(link.current_speed),
         width_text(link.current_width),
         speed_text(link.max_speed),

@@ -41,6 +41,17 @@ impl HealthModel {
     }
 }
 
+/// What a device's health score rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthBasis {
+    /// Its AER counters, by the model.
+    AerCounters,
+    /// The kernel shows no AER counters for it: the state of its link alone
+    /// (`Link::state_score`).
+    LinkState,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

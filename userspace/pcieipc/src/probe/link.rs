@@ -74,13 +74,17 @@ pub enum LinkState {
 }
 
 /// One physical link: the one between a device (endpoint or switch upstream
-/// port) and the port above it (root port or switch downstream port).
+/// port) and the port above it (root port or switch downstream port), or an
+/// endpoint's own link when the port above it is not visible (a GPU on a
+/// VM's root bus: the hypervisor hides the host's root port, but the GPU's
+/// own LnkSta still tells how its link trained).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Link {
     /// Index (in `Topology::devices`) of the device below the link.
     pub downstream: usize,
-    /// Index of the port above the link.
-    pub upstream: usize,
+    /// Index of the port above the link; `None` when it is not visible and
+    /// the link is known from the device below alone.
+    pub upstream: Option<usize>,
     pub current_speed: Option<LinkSpeed>,
     pub current_width: Option<u8>,
     /// The lower of the two ends' maximum speeds.
@@ -91,7 +95,7 @@ pub struct Link {
     /// at a target set below its capability is not degraded.
     pub target_speed: Option<LinkSpeed>,
     pub state: LinkState,
-    /// The lower health score of the two ends, when either has AER counters.
+    /// The lower health score of the two ends, when either has one.
     pub health: Option<f64>,
 }
 
@@ -110,6 +114,27 @@ impl Link {
                 Some(self.max_speed?.lane_gigabytes_per_second() * f64::from(self.current_width?))
             }
             _ => self.current_bandwidth_gbps(),
+        }
+    }
+
+    /// What a machine without AER counters says of this link's health: 1 for
+    /// a link that trained as expected (an idle-downshifted GPU link
+    /// included), for a degraded one the share of its expected bandwidth it
+    /// runs at, since training down is the one sign of signal trouble such a
+    /// machine gives; `None` when the state is unknown.
+    pub fn state_score(&self) -> Option<f64> {
+        match self.state {
+            LinkState::Full | LinkState::IdleDownshiftLikely => Some(1.0),
+            LinkState::Unknown => None,
+            LinkState::Degraded => {
+                let max_speed = self.max_speed?;
+                let expected_speed = self
+                    .target_speed
+                    .map_or(max_speed, |target| target.min(max_speed));
+                let expected =
+                    expected_speed.lane_gigabytes_per_second() * f64::from(self.max_width?);
+                Some((self.current_bandwidth_gbps()? / expected).clamp(0.0, 1.0))
+            }
         }
     }
 }

@@ -2,9 +2,10 @@
 //! counters and the health model, the P2P readiness doctor and the report
 //! `pcieipc probe` prints.
 //!
-//! Parsing (`attributes`, `config_space`) takes text and bytes only; `sysfs`
-//! is the one module that reads files, under a root directory so that tests
-//! and `--sysfs-root` can point it at a fixture.
+//! Parsing (`attributes`, `config_space`, `nvlink`) takes text, bytes and
+//! answers only; `sysfs` is the one module that reads files, under a root
+//! directory so that tests and `--sysfs-root` can point it at a fixture, and
+//! `nvml` the one that asks NVML (or reads recorded answers) about NVLink.
 //!
 //! ```no_run
 //! use pcieipc::probe::{HealthModel, Topology};
@@ -25,6 +26,8 @@ pub mod error;
 pub mod health;
 pub mod link;
 pub mod names;
+pub mod nvlink;
+pub mod nvml;
 pub mod report;
 pub mod sysfs;
 pub mod topology;
@@ -32,7 +35,9 @@ pub mod topology;
 pub use bdf::{Bdf, DomainTooWide};
 pub use doctor::{diagnose, Finding, FindingKind, PeerRoute, Severity};
 pub use error::ProbeError;
-pub use health::HealthModel;
+pub use health::{HealthBasis, HealthModel};
 pub use link::{Link, LinkSpeed, LinkState};
+pub use nvlink::{NvlinkConnection, NvlinkStatus, Nvlinks, NvmlAnswers};
+pub use nvml::{NvlinkSource, NvmlError, NvmlFixture, NvmlLibrary};
 pub use report::{ProbeReport, SCHEMA_VERSION};
 pub use topology::{DeviceKind, DevicePath, PathClass, PciDevice, Topology};

@@ -1,5 +1,5 @@
 //! The probe's output model: everything `pcieipc probe` shows, serialisable
-//! as the versioned JSON document of docs/schemas/probe-v1.schema.json.
+//! as the versioned JSON document of docs/schemas/probe-v2.schema.json.
 
 use serde::Serialize;
 
@@ -7,19 +7,27 @@ use super::attributes::Bar;
 use super::bdf::Bdf;
 use super::config_space::{PciePortType, ResizableBar};
 use super::doctor::{diagnose, peer_acs, Finding, PeerRoute, Severity};
-use super::health::HealthModel;
+use super::health::{HealthBasis, HealthModel};
 use super::link::{LinkSpeed, LinkState};
 use super::names::{class_name, vendor_name};
+use super::nvlink::{GpuNvlinkState, NvlinkConnection, NvlinkStatus};
 use super::topology::{DeviceKind, PathClass, Topology, Upstream};
 use crate::plan::{best_ring, bus_id_order_ring, pair_matrix, CostModel, Ring, RingMethod};
 
-/// Version of the JSON document; bumped on any incompatible change.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the JSON document; bumped on any incompatible change. 2: a
+/// link's `upstream_port` may be null (an endpoint's own link under a hidden
+/// port), a pair's `class` is nvidia-smi's (`NV18` over NVLink) with the PCIe
+/// class in `pcie_class`, and health says what it rests on.
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProbeReport {
     pub schema_version: u32,
     pub health_model: HealthModel,
+    /// Whether any device shows AER counters (`aer_dev_*`); false on kernels
+    /// without AER support and in most VMs, where health rests on link state.
+    pub aer_reported: bool,
+    pub nvlink: NvlinkReport,
     pub host_bridges: Vec<HostBridgeReport>,
     /// In bus-id order.
     pub devices: Vec<DeviceReport>,
@@ -29,6 +37,16 @@ pub struct ProbeReport {
     /// Most severe first.
     pub findings: Vec<Finding>,
     pub ring: RingReport,
+}
+
+/// What is known of NVLink, in one line and as a state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NvlinkReport {
+    #[serde(flatten)]
+    pub status: NvlinkStatus,
+    /// The probe's line about it.
+    pub summary: String,
+    pub driver_version: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -66,6 +84,7 @@ pub struct DeviceReport {
     pub link: Option<LinkReport>,
     pub aer: Option<AerReport>,
     pub health: Option<f64>,
+    pub health_basis: Option<HealthBasis>,
     pub sub_healthy: bool,
     pub acs: Option<AcsReport>,
     pub bars: Option<Vec<Bar>>,
@@ -74,7 +93,9 @@ pub struct DeviceReport {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LinkReport {
-    pub upstream_port: Bdf,
+    /// `None`: the port above is not visible (an endpoint on a VM's root bus)
+    /// and the link is as the device itself reports it.
+    pub upstream_port: Option<Bdf>,
     pub current_speed_gts: Option<LinkSpeed>,
     pub current_width: Option<u8>,
     pub max_speed_gts: Option<LinkSpeed>,
@@ -115,11 +136,15 @@ pub struct GpuReport {
     pub numa_node: Option<u32>,
     pub local_cpulist: Option<String>,
     pub health: Option<f64>,
+    pub health_basis: Option<HealthBasis>,
     pub sub_healthy: bool,
     pub link_state: Option<LinkState>,
     /// The slowest link between this GPU and its host bridge.
     pub bottleneck_to_root: Option<BottleneckReport>,
     pub unknown_links_to_root: usize,
+    /// What NVML said of its NVLinks; `None` when NVML was not read or did
+    /// not list this GPU.
+    pub nvlink: Option<GpuNvlinkState>,
 }
 
 /// A link named by the device below it, with its effective bandwidth.
@@ -133,7 +158,11 @@ pub struct BottleneckReport {
 pub struct GpuPairReport {
     pub a: usize,
     pub b: usize,
-    pub class: PathClass,
+    /// As `nvidia-smi topo -m` prints it: `NV18` over NVLink, else the PCIe class.
+    pub class: String,
+    pub pcie_class: PathClass,
+    pub nvlink: Option<NvlinkConnection>,
+    /// PCIe links traversed.
     pub hops: usize,
     pub bottleneck: Option<BottleneckReport>,
     pub unknown_links: usize,
@@ -195,7 +224,11 @@ impl ProbeReport {
                 gpu_pairs.push(GpuPairReport {
                     a,
                     b,
-                    class: path.class,
+                    class: path
+                        .nvlink
+                        .map_or_else(|| path.class.as_str().to_string(), |nvlink| nvlink.label()),
+                    pcie_class: path.class,
+                    nvlink: path.nvlink,
                     hops: path.hops(),
                     bottleneck: bottleneck_report(path.bottleneck),
                     unknown_links: path.unknown_links,
@@ -211,6 +244,12 @@ impl ProbeReport {
         ProbeReport {
             schema_version: SCHEMA_VERSION,
             health_model: topology.health_model,
+            aer_reported: topology.aer_reported(),
+            nvlink: NvlinkReport {
+                status: topology.nvlinks.status.clone(),
+                summary: topology.nvlinks.status.describe(),
+                driver_version: topology.nvlinks.driver_version.clone(),
+            },
             host_bridges: topology
                 .host_bridges
                 .iter()
@@ -237,6 +276,7 @@ impl ProbeReport {
                         numa_node: device.numa_node,
                         local_cpulist: device.local_cpulist.clone(),
                         health: device.health,
+                        health_basis: topology.health_basis(gpu),
                         sub_healthy: topology.is_sub_healthy(gpu),
                         link_state: topology.link_above(gpu).map(|link| link.state),
                         bottleneck_to_root: bottleneck_report(topology.bottleneck(&to_root)),
@@ -246,6 +286,7 @@ impl ProbeReport {
                                 topology.links[link].effective_bandwidth_gbps().is_none()
                             })
                             .count(),
+                        nvlink: topology.nvlinks.gpus.get(&device.bdf).cloned(),
                     }
                 })
                 .collect(),
@@ -293,7 +334,7 @@ fn device_report(topology: &Topology, index: usize) -> DeviceReport {
         config_bytes_readable: device.config_bytes_readable,
         pcie_port_type: device.pci_express.map(|capability| capability.port_type),
         link: topology.link_above(index).map(|link| LinkReport {
-            upstream_port: topology.devices[link.upstream].bdf,
+            upstream_port: link.upstream.map(|port| topology.devices[port].bdf),
             current_speed_gts: link.current_speed,
             current_width: link.current_width,
             max_speed_gts: link.max_speed,
@@ -319,6 +360,7 @@ fn device_report(topology: &Topology, index: usize) -> DeviceReport {
             rootport_total_fatal: aer.rootport_total_fatal,
         }),
         health: device.health,
+        health_basis: topology.health_basis(index),
         sub_healthy: topology.is_sub_healthy(index),
         acs: device.acs.map(|acs| AcsReport {
             offset: acs.offset,

@@ -14,8 +14,9 @@ use super::config_space::{
     ResizableBarCapability,
 };
 use super::error::ProbeError;
-use super::health::HealthModel;
+use super::health::{HealthBasis, HealthModel};
 use super::link::{classify_link, Link, LinkSpeed};
+use super::nvlink::{NvlinkConnection, NvlinkStatus, Nvlinks};
 use super::sysfs::{self, AerCounters, SysfsDevice};
 
 /// A PCI host bridge (root complex), the `pciDDDD:BB` directory of sysfs.
@@ -96,9 +97,18 @@ pub struct PciDevice {
     pub aer_registers: Option<AerRegisters>,
     pub acs: Option<AcsRegisters>,
     pub resizable_bars: Option<ResizableBarCapability>,
-    /// Health score from its own AER counters; `None` without AER counters.
+    /// Health score from its own AER counters; without them (`aer_reported`
+    /// false), from the state of the link above it; `None` when neither is known.
     pub health: Option<f64>,
     pub is_gpu: bool,
+}
+
+impl PciDevice {
+    /// Whether the kernel exposes this device's AER counters (`aer_dev_*`):
+    /// VMs and kernels without AER support show none.
+    pub fn aer_reported(&self) -> bool {
+        self.aer.correctable.is_some() || self.aer.nonfatal.is_some() || self.aer.fatal.is_some()
+    }
 }
 
 /// Class codes (class << 8 | subclass) that make a device a GPU, from any
@@ -156,6 +166,9 @@ pub struct DevicePath {
     pub unknown_links: usize,
     /// Lowest health score of the devices on the path.
     pub health: Option<f64>,
+    /// The NVLink connection between two GPUs, which P2P traffic takes
+    /// instead of the PCIe path when there is one.
+    pub nvlink: Option<NvlinkConnection>,
 }
 
 impl DevicePath {
@@ -177,6 +190,8 @@ pub struct Topology {
     link_above: Vec<Option<usize>>,
     index_of: HashMap<Bdf, usize>,
     pub health_model: HealthModel,
+    /// What NVML says of NVLink; `NotRead` until `with_nvlinks`.
+    pub nvlinks: Nvlinks,
 }
 
 impl Topology {
@@ -265,18 +280,35 @@ impl Topology {
         let mut links = Vec::new();
         let mut link_above = vec![None; devices.len()];
         for (index, device) in devices.iter().enumerate() {
-            let Upstream::Device(parent) = device.upstream else {
-                continue;
+            let port = match device.upstream {
+                Upstream::Device(parent)
+                    if matches!(
+                        devices[parent].kind,
+                        DeviceKind::RootPort | DeviceKind::SwitchDownstreamPort
+                    ) =>
+                {
+                    Some(parent)
+                }
+                Upstream::HostBridge(_) if reports_own_link(device) => None,
+                Upstream::Device(_) | Upstream::HostBridge(_) => continue,
             };
-            let port = &devices[parent];
-            if !matches!(
-                port.kind,
-                DeviceKind::RootPort | DeviceKind::SwitchDownstreamPort
-            ) {
-                continue;
-            }
             link_above[index] = Some(links.len());
-            links.push(link_between(index, device, parent, port));
+            links.push(link_between(
+                index,
+                device,
+                port.map(|parent| (parent, &devices[parent])),
+            ));
+        }
+        // Without AER counters the state of the link above is all that is
+        // known of a device's health; links then take their ends' scores.
+        for (index, device) in devices.iter_mut().enumerate() {
+            if !device.aer_reported() {
+                device.health = link_above[index].and_then(|link| links[link].state_score());
+            }
+        }
+        for link in &mut links {
+            let port_health = link.upstream.and_then(|port| devices[port].health);
+            link.health = lower_score(devices[link.downstream].health, port_health);
         }
 
         Topology {
@@ -286,7 +318,13 @@ impl Topology {
             link_above,
             index_of,
             health_model,
+            nvlinks: Nvlinks::without(NvlinkStatus::NotRead),
         }
+    }
+
+    /// The topology with NVML's view of NVLink (from `probe::nvml`).
+    pub fn with_nvlinks(self, nvlinks: Nvlinks) -> Topology {
+        Topology { nvlinks, ..self }
     }
 
     pub fn find(&self, bdf: Bdf) -> Option<usize> {
@@ -394,9 +432,16 @@ impl Topology {
             .iter()
             .filter_map(|&index| self.devices[index].health)
             .min_by(f64::total_cmp);
+        let nvlink = if self.devices[a].is_gpu && self.devices[b].is_gpu {
+            self.nvlinks
+                .connection(self.devices[a].bdf, self.devices[b].bdf)
+        } else {
+            None
+        };
         DevicePath {
             class,
             common_bridge: common,
+            nvlink,
             bottleneck: self.bottleneck(&links),
             unknown_links: links
                 .iter()
@@ -419,6 +464,23 @@ impl Topology {
             }
             _ => bridge,
         }
+    }
+
+    /// What a device's health score rests on; `None` without a score.
+    pub fn health_basis(&self, device: usize) -> Option<HealthBasis> {
+        let device = &self.devices[device];
+        device.health?;
+        Some(if device.aer_reported() {
+            HealthBasis::AerCounters
+        } else {
+            HealthBasis::LinkState
+        })
+    }
+
+    /// Whether any device shows AER counters: kernels without AER support
+    /// and most VMs show none.
+    pub fn aer_reported(&self) -> bool {
+        self.devices.iter().any(PciDevice::aer_reported)
     }
 
     pub fn is_sub_healthy(&self, device: usize) -> bool {
@@ -451,23 +513,11 @@ fn device_from_record(
             .or_else(|| Some(registers?.max_width())),
         target_speed: registers.and_then(|registers| registers.target_speed()),
     };
-    let aer = record.aer;
-    let health = if aer.correctable.is_some() || aer.nonfatal.is_some() || aer.fatal.is_some() {
-        let total = |file: &Option<super::attributes::AerCounterFile>| {
-            file.as_ref().map_or(0, |file| file.total)
-        };
-        Some(health_model.score(
-            total(&aer.correctable),
-            total(&aer.nonfatal) + total(&aer.fatal),
-        ))
-    } else {
-        None
-    };
     let is_gpu = record
         .class_code
         .is_some_and(|class| GPU_CLASSES.contains(&(class >> 8)))
         && record.vendor_id != Some(VENDOR_ASPEED);
-    PciDevice {
+    let mut device = PciDevice {
         bdf: record.bdf,
         path: record.path,
         upstream,
@@ -486,13 +536,25 @@ fn device_from_record(
         config_bytes_readable: config.len(),
         pci_express,
         link_end,
-        aer,
+        aer: record.aer,
         aer_registers: config.advanced_error_reporting(),
         acs: config.access_control_services(),
         resizable_bars: config.resizable_bars(),
-        health,
+        // Without AER counters, set from the link above once links are built.
+        health: None,
         is_gpu,
+    };
+    if device.aer_reported() {
+        let total = |file: &Option<super::attributes::AerCounterFile>| {
+            file.as_ref().map_or(0, |file| file.total)
+        };
+        let aer = &device.aer;
+        device.health = Some(health_model.score(
+            total(&aer.correctable),
+            total(&aer.nonfatal) + total(&aer.fatal),
+        ));
     }
+    device
 }
 
 /// PCI-to-PCI bridge class codes (normal and subtractive decode).
@@ -526,12 +588,35 @@ fn device_kind(device: &PciDevice, parent_kind: Option<DeviceKind>) -> DeviceKin
     }
 }
 
+/// An endpoint on a root bus whose own link registers or attributes report a
+/// link: the port above it is hidden (a VM), not absent. Root complex
+/// integrated functions have no link.
+fn reports_own_link(device: &PciDevice) -> bool {
+    let integrated = device.pci_express.is_some_and(|capability| {
+        matches!(
+            capability.port_type,
+            PciePortType::RootComplexIntegratedEndpoint | PciePortType::RootComplexEventCollector
+        )
+    });
+    device.kind == DeviceKind::Endpoint
+        && !integrated
+        && (device.link_end.current_speed.is_some() || device.link_end.current_width.is_some())
+}
+
+fn lower_score(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Combines the two ends' views of one link: current values from whichever
 /// end reports them (the device below first), capability as the lower of the
-/// two ends, target speed from the port above.
-fn link_between(index: usize, device: &PciDevice, parent: usize, port: &PciDevice) -> Link {
+/// two ends, target speed from the port above. Without a visible port the
+/// device's own view is the link's.
+fn link_between(index: usize, device: &PciDevice, port: Option<(usize, &PciDevice)>) -> Link {
     let below = device.link_end;
-    let above = port.link_end;
+    let above = port.map(|(_, port)| port.link_end).unwrap_or_default();
     let lower = |a: Option<LinkSpeed>, b: Option<LinkSpeed>| match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -545,13 +630,9 @@ fn link_between(index: usize, device: &PciDevice, parent: usize, port: &PciDevic
     let max_speed = lower(below.max_speed, above.max_speed);
     let max_width = narrower(below.max_width, above.max_width);
     let target_speed = above.target_speed.or(below.target_speed);
-    let health = match (device.health, port.health) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
     Link {
         downstream: index,
-        upstream: parent,
+        upstream: port.map(|(parent, _)| parent),
         current_speed,
         current_width,
         max_speed,
@@ -565,6 +646,7 @@ fn link_between(index: usize, device: &PciDevice, parent: usize, port: &PciDevic
             target_speed,
             device.is_gpu,
         ),
-        health,
+        // Set by `Topology::build` once both ends' scores are known.
+        health: None,
     }
 }

@@ -81,6 +81,8 @@ impl LinkEvents {
             speed_gt_s: speed.gigatransfers_per_second() as f32,
             width: link.width,
             recent_aer_errors: 0,
+            // The module watches PCIe functions; NVLink is the probe's to see.
+            over_nvlink: false,
         };
         Ok(Some(LinkEvents {
             device,
@@ -124,6 +126,7 @@ impl LinkEvents {
             speed_gt_s: self.speed_gt_s,
             width: self.width,
             recent_aer_errors: self.aer_errors.len() as u64,
+            over_nvlink: false,
         };
         (facts != self.published).then(|| {
             self.published = facts;
