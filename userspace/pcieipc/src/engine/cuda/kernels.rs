@@ -124,6 +124,9 @@ extern "C" __global__ void one_shot(S* dst, const S* p0, const S* p1, const S* p
 #define HMAX 8
 #define HBLOCKS 64
 #define HEADER_BYTES (2 * 2 * HMAX * HBLOCKS * 8)
+// Vectors a thread loads before it stores any: through host memory every
+// load is a PCIe round trip, so the loads in flight set the bandwidth.
+#define UNROLL 4
 
 __device__ __forceinline__ u64 globaltimer() {
     u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
@@ -178,7 +181,19 @@ __device__ __forceinline__ void copy_share(char* dst, const char* src, u64 start
     bool aligned = ((((u64)dst) | ((u64)src)) & 15) == 0;
     u64 i = bytes_start + threadIdx.x * 16;
     if (aligned) {
-        for (; i + 16 <= bytes_end; i += blockDim.x * 16) *(uint4*)(dst + i) = *(const uint4*)(src + i);
+        for (; i + 16 <= bytes_end; i += UNROLL * blockDim.x * 16) {
+            uint4 v[UNROLL];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                u64 at = i + u * blockDim.x * 16;
+                if (at + 16 <= bytes_end) v[u] = *(const uint4*)(src + at);
+            }
+            #pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                u64 at = i + u * blockDim.x * 16;
+                if (at + 16 <= bytes_end) *(uint4*)(dst + at) = v[u];
+            }
+        }
         i = bytes_start + ((bytes_end - bytes_start) / 16) * 16 + threadIdx.x;
     } else {
         i = bytes_start + threadIdx.x;
@@ -233,15 +248,58 @@ __device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase, unsign
 
 // out[i] = op over every rank's contribution in rank order (as `one_shot`)
 // for this block's share: this rank's own is `mine`, each peer's is in its
-// inbox slot here. Then / div when div is not 0.
+// inbox slot here. Then / div when div is not 0. 16-byte loads when every
+// pointer is aligned (`share` starts on a whole vector): through host memory
+// each load is a PCIe round trip, so the bytes in flight per thread count.
 __device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchange& x, unsigned parity, u64 start, u64 end, unsigned div) {
-    for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const S* first = x.rank == 0 ? mine : (const S*)inbox(x, x.rank, parity, 0);
-        S r = first[i];
-        for (unsigned k = 1; k < x.nranks; k++) {
-            const S* src = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
-            r = apply(src[i], r, 0);
+    const S* src[HMAX];
+    u64 bits = (u64)out;
+    for (unsigned k = 0; k < x.nranks; k++) {
+        src[k] = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
+        bits |= (u64)src[k];
+    }
+    u64 tail = start;
+    if ((bits & 15) == 0) {
+        // UNROLL vectors per thread per pass, their loads issued together.
+        u64 vend = end / VEC;
+        for (u64 v0 = start / VEC + threadIdx.x; v0 < vend; v0 += UNROLL * blockDim.x) {
+            uint4 acc[UNROLL], vk[UNROLL];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                u64 v = v0 + u * blockDim.x;
+                if (v < vend) acc[u] = ((const uint4*)src[0])[v];
+            }
+            for (unsigned k = 1; k < x.nranks; k++) {
+                #pragma unroll
+                for (int u = 0; u < UNROLL; u++) {
+                    u64 v = v0 + u * blockDim.x;
+                    if (v < vend) vk[u] = ((const uint4*)src[k])[v];
+                }
+                #pragma unroll
+                for (int u = 0; u < UNROLL; u++) {
+                    S* ea = (S*)&acc[u];
+                    const S* ek = (const S*)&vk[u];
+                    #pragma unroll
+                    for (int j = 0; j < VEC; j++) ea[j] = apply(ek[j], ea[j], 0);
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                u64 v = v0 + u * blockDim.x;
+                if (v >= vend) break;
+                S* ea = (S*)&acc[u];
+                if (div) {
+                    #pragma unroll
+                    for (int j = 0; j < VEC; j++) ea[j] = ST(DIV(LD(ea[j]), div));
+                }
+                ((uint4*)out)[v] = acc[u];
+            }
         }
+        tail = max(start, vend * VEC);
+    }
+    for (u64 i = tail + threadIdx.x; i < end; i += blockDim.x) {
+        S r = src[0][i];
+        for (unsigned k = 1; k < x.nranks; k++) r = apply(src[k][i], r, 0);
         if (div) r = ST(DIV(LD(r), div));
         out[i] = r;
     }
