@@ -56,8 +56,25 @@ done <"$FRAGMENT"
 [ "$bad" = 0 ] || die "kernel configuration is missing options of $FRAGMENT (dependencies unmet?)"
 
 log "building bzImage and modules (a few minutes on 2 cores)"
+# Its output goes to the log, so a line every 30 s says that it is still
+# going and how far: minutes of silence look like a hang. The build stays in
+# the foreground, where an interrupt reaches it.
+kbuild_started=$(date +%s)
+(
+    next_report=30
+    while sleep 1; do
+        seconds=$(( $(date +%s) - kbuild_started ))
+        if [ "$seconds" -ge "$next_report" ]; then
+            log "kernel build: $seconds s, $(find "$BUILD" -name '*.o' | wc -l) objects compiled"
+            next_report=$((next_report + 30))
+        fi
+    done
+) >/dev/null &
+heartbeat=$!
+trap 'kill "$heartbeat" 2>/dev/null || true' EXIT
 kmake -s -j"$(nproc)" bzImage modules >"$BUILD/build.log" 2>&1 ||
     { tail -40 "$BUILD/build.log" >&2; die "kernel build failed; log: $BUILD/build.log"; }
+kill "$heartbeat"; trap - EXIT
 touch "$BUILD/.complete"
 log "kernel ready: $BUILD/arch/x86/boot/bzImage"
 echo "KERNEL_BUILD=$BUILD"

@@ -1,32 +1,32 @@
 #!/usr/bin/env bash
 # The test command: builds everything, checks the UAPI bindings against the
 # header, runs the cargo tests and every guest test in the QEMU testbed, and
-# prints one closing line. Any failing step fails the run; nothing is skipped.
+# prints one closing line. Any failing step fails the run; nothing is skipped,
+# except that a failed build ends the run (every other step needs it).
 source "$(dirname "$0")/common.sh"
 cd "$REPO_ROOT"
 start=$(date +%s)
-bash scripts/build-all.sh
-source build/env.sh
 
-passed=0; failed=0; failures=()
-step() {
-    local name="$1"; shift
-    log "test: $name"
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$name"); fi
-}
+# Every step is listed before any runs, so that each progress line can say
+# how many there are. A command is a string run by eval when its turn comes:
+# the build defines the paths the later ones name.
+step_names=(); step_commands=()
+add_step() { step_names+=("$1"); step_commands+=("$2"); }
 
-step "UAPI bindings regenerate without a diff" bash scripts/gen-uapi.sh --check
-step "cargo test --workspace" cargo test -q --workspace --release
-step "cargo clippy --workspace, GPU tests included (warnings are errors)" cargo clippy -q --workspace --all-targets --all-features --release -- -D warnings
-step "cargo fmt --check" cargo fmt --all --check
-step "kmod: CLIPPY=1 build (warnings are errors)" make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules
-step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs
-step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" bash -c 'scripts/check-kmod-imports.sh --self-test && scripts/check-kmod-imports.sh'
+add_step "build: host setup, testbed kernel (cached), module, userspace" 'bash scripts/build-all.sh && source build/env.sh'
+add_step "UAPI bindings regenerate without a diff" 'bash scripts/gen-uapi.sh --check'
+add_step "cargo test --workspace" 'cargo test -q --workspace --release'
+add_step "cargo clippy --workspace, GPU tests included (warnings are errors)" 'cargo clippy -q --workspace --all-targets --all-features --release -- -D warnings'
+add_step "cargo fmt --check" 'cargo fmt --all --check'
+add_step "kmod: CLIPPY=1 build (warnings are errors)" 'make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules'
+add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs'
+add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'
 
 # Guest tests: TOPOLOGY GUEST-SCRIPT [HOST-SCRIPT]
 while read -r topology guest host; do
     [ -n "$topology" ] || continue
-    step "guest: $guest on $topology" bash scripts/testbed.sh "tests/topologies/$topology" "tests/guest/$guest" ${host:+"tests/host/$host"}
+    add_step "guest: $guest on $topology" \
+        "bash scripts/testbed.sh tests/topologies/$topology tests/guest/$guest${host:+ tests/host/$host}"
 done <<'LIST'
 fabric.toml tree.sh
 fabric.toml module.sh
@@ -47,6 +47,26 @@ ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
 engine-aer.toml engine-aer.sh
 LIST
+
+# Progress, one line as each step starts and one as it ends, on stderr:
+#   test [K/N] start: NAME (elapsed S s)
+#   test [K/N] passed: NAME (took T s, elapsed S s)      (or failed:)
+# with S the seconds since the run began.
+passed=0; failed=0; failures=()
+for k in "${!step_names[@]}"; do
+    name="${step_names[k]}"; counter="[$((k + 1))/${#step_names[@]}]"
+    began=$(date +%s)
+    log "test $counter start: $name (elapsed $((began - start)) s)"
+    if eval "${step_commands[k]}"; then
+        passed=$((passed + 1)); result=passed
+    else
+        failed=$((failed + 1)); failures+=("$name"); result=failed
+    fi
+    now=$(date +%s)
+    log "test $counter $result: $name (took $((now - began)) s, elapsed $((now - start)) s)"
+    # Nothing else can run without the build.
+    if [ "$k" = 0 ] && [ "$result" = failed ]; then break; fi
+done
 
 echo
 echo "GPU tests: NOT RUN (they need a GPU and are not part of this command: run 'make test-gpu' on a GPU machine, see README)."

@@ -672,22 +672,31 @@ fn sweep<C: Collective, T: BenchElement>(
         println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     chunk");
         println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)              (B)");
     }
+    // On stderr, and hidden where stderr is not a terminal (or TERM is
+    // unset or dumb): indicatif's stderr target, so that stdout, the table,
+    // is the same byte for byte either way and logs get no escape codes. It
+    // redraws when a size starts or ends, never from a ticking thread that
+    // would share the leader's core with the timed calls.
     let progress = if leader && sizes.len() > 1 {
-        indicatif::ProgressBar::new(sizes.len() as u64)
+        indicatif::ProgressBar::with_draw_target(
+            Some(sizes.len() as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        )
     } else {
         indicatif::ProgressBar::hidden()
     };
     progress.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {msg}")
+        indicatif::ProgressStyle::with_template("{bar:30} measuring {msg} ({elapsed} elapsed)")
             .expect("static progress template"),
     );
     let mut rows = Vec::with_capacity(sizes.len());
     let mut faulting = Vec::new();
     let mut total_wrong = 0;
     let mut busbw_sum = 0.0;
-    for bytes in &sizes {
+    for (step, bytes) in sizes.iter().enumerate() {
         let count = bytes / element_bytes;
-        progress.set_message(format!("{bytes} B"));
+        // The step in the message: the bar's position counts finished sizes.
+        progress.set_message(format!("size {}/{}: {bytes} B", step + 1, sizes.len()));
         let reference = (args.check == 1).then(|| expected::<T>(nranks, count, args.op));
         let out_of_place = measure::<C, T>(comm, args, count, false, reference.as_deref())?;
         let in_place = measure::<C, T>(comm, args, count, true, reference.as_deref())?;

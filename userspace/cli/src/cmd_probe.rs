@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use pcieipc::plan::CostModel;
@@ -43,7 +44,34 @@ pub struct Args {
     /// Health model: scores below this are sub-healthy.
     #[arg(long, value_name = "SCORE", default_value_t = HealthModel::default().sub_healthy_below)]
     sub_healthy_below: f64,
+    /// Instead of one report, sample the AER counters and links every
+    /// --interval and print each change: a device's health from the errors of
+    /// the last --window (not lifetime totals), link speed and width changes.
+    #[arg(long, conflicts_with_all = ["nvml_fixture", "capture_nvml", "fail_on"])]
+    watch: bool,
+    /// With --watch: seconds between samples.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds, requires = "watch")]
+    interval: Duration,
+    /// With --watch: seconds of errors a device's health is scored from.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_seconds, requires = "watch")]
+    window: Duration,
+    /// With --watch: stop after this many samples (default: until interrupted).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "watch")]
+    count: Option<u64>,
 }
+
+/// A positive number of seconds (fractions allowed).
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
+        .filter(|duration| !duration.is_zero())
+        .ok_or_else(|| format!("{text:?} is not a positive number of seconds"))
+}
+
+/// The probe's line where the kernel shows no AER counters.
+pub(crate) const AER_NOT_REPORTED: &str =
+    "AER: not reported by this kernel/VM (no aer_dev_* files)";
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
@@ -55,6 +83,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         uncorrectable_scale: args.uncorrectable_scale,
         sub_healthy_below: args.sub_healthy_below,
     };
+    if args.watch {
+        let watch = crate::probe_watch::WatchOptions {
+            interval: args.interval,
+            window: args.window,
+            count: args.count,
+            json: args.json,
+        };
+        return crate::probe_watch::run(&args.sysfs_root, health_model, &watch);
+    }
     let topology = Topology::from_sysfs_root(&args.sysfs_root, health_model)
         .with_context(|| format!("probing sysfs under {}", args.sysfs_root.display()))?
         .with_nvlinks(nvlinks(&args)?);
@@ -126,10 +163,7 @@ fn render(report: &ProbeReport, root: &std::path::Path) -> String {
         render_children(&mut out, &on_root_bus, &children, &gpu_names, "");
     }
     if !report.aer_reported {
-        let _ = writeln!(
-            out,
-            "AER: not reported by this kernel/VM (no aer_dev_* files): health is the link state's"
-        );
+        let _ = writeln!(out, "{AER_NOT_REPORTED}: health is the link state's");
     }
 
     if report.gpus.is_empty() {
@@ -271,7 +305,7 @@ fn device_line(device: &DeviceReport, gpu_names: &BTreeMap<Bdf, String>) -> Stri
 }
 
 /// A score and what it rests on: AER counters, or the link alone.
-fn health_text(score: Option<f64>, basis: Option<HealthBasis>) -> String {
+pub(crate) fn health_text(score: Option<f64>, basis: Option<HealthBasis>) -> String {
     match (score, basis) {
         (Some(score), Some(HealthBasis::LinkState)) => {
             format!("{score:.4} (link state; AER not reported)")
@@ -324,7 +358,7 @@ fn nvlink_line(gpu: &GpuReport, gpu_names: &BTreeMap<Bdf, String>) -> Option<Str
     ))
 }
 
-fn speed_text(speed: Option<pcieipc::probe::LinkSpeed>) -> String {
+pub(crate) fn speed_text(speed: Option<pcieipc::probe::LinkSpeed>) -> String {
     speed.map_or("?".to_string(), |speed| {
         format!("{:.1} GT/s", speed.gigatransfers_per_second())
     })

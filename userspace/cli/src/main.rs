@@ -12,6 +12,7 @@ mod cmd_device;
 mod cmd_link;
 mod cmd_monitor;
 mod cmd_probe;
+mod probe_watch;
 
 #[derive(Parser)]
 #[command(

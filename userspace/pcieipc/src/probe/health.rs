@@ -36,8 +36,28 @@ impl HealthModel {
         correctable_factor * uncorrectable_factor
     }
 
+    /// The score of a device's error totals (lifetime or within a window).
+    pub fn score_totals(&self, totals: &AerTotals) -> f64 {
+        self.score(totals.correctable, totals.uncorrectable())
+    }
+
     pub fn is_sub_healthy(&self, score: f64) -> bool {
         score < self.sub_healthy_below
+    }
+}
+
+/// A device's AER error counts by severity: the `TOTAL_ERR_*` lines of its
+/// `aer_dev_*` files, or the errors among them within a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AerTotals {
+    pub correctable: u64,
+    pub nonfatal: u64,
+    pub fatal: u64,
+}
+
+impl AerTotals {
+    pub fn uncorrectable(&self) -> u64 {
+        self.nonfatal + self.fatal
     }
 }
 

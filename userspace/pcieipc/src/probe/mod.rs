@@ -31,13 +31,15 @@ pub mod nvml;
 pub mod report;
 pub mod sysfs;
 pub mod topology;
+pub mod watch;
 
 pub use bdf::{Bdf, DomainTooWide};
 pub use doctor::{diagnose, Finding, FindingKind, PeerRoute, Severity};
 pub use error::ProbeError;
-pub use health::{HealthBasis, HealthModel};
+pub use health::{AerTotals, HealthBasis, HealthModel};
 pub use link::{Link, LinkSpeed, LinkState};
 pub use nvlink::{NvlinkConnection, NvlinkStatus, Nvlinks, NvmlAnswers};
 pub use nvml::{NvlinkSource, NvmlError, NvmlFixture, NvmlLibrary};
 pub use report::{ProbeReport, SCHEMA_VERSION};
 pub use topology::{DeviceKind, DevicePath, PathClass, PciDevice, Topology};
+pub use watch::{Change, DeviceChange, DeviceWindow, LinkSample, Sample, Watch, WatchStep};

@@ -14,7 +14,7 @@ use super::config_space::{
     ResizableBarCapability,
 };
 use super::error::ProbeError;
-use super::health::{HealthBasis, HealthModel};
+use super::health::{AerTotals, HealthBasis, HealthModel};
 use super::link::{classify_link, Link, LinkSpeed};
 use super::nvlink::{NvlinkConnection, NvlinkStatus, Nvlinks};
 use super::sysfs::{self, AerCounters, SysfsDevice};
@@ -108,6 +108,19 @@ impl PciDevice {
     /// VMs and kernels without AER support show none.
     pub fn aer_reported(&self) -> bool {
         self.aer.correctable.is_some() || self.aer.nonfatal.is_some() || self.aer.fatal.is_some()
+    }
+
+    /// The totals of its AER counter files (a missing file counts 0);
+    /// `None` when the kernel shows none of them.
+    pub fn aer_totals(&self) -> Option<AerTotals> {
+        let total = |file: &Option<super::attributes::AerCounterFile>| {
+            file.as_ref().map_or(0, |file| file.total)
+        };
+        self.aer_reported().then(|| AerTotals {
+            correctable: total(&self.aer.correctable),
+            nonfatal: total(&self.aer.nonfatal),
+            fatal: total(&self.aer.fatal),
+        })
     }
 }
 
@@ -544,16 +557,9 @@ fn device_from_record(
         health: None,
         is_gpu,
     };
-    if device.aer_reported() {
-        let total = |file: &Option<super::attributes::AerCounterFile>| {
-            file.as_ref().map_or(0, |file| file.total)
-        };
-        let aer = &device.aer;
-        device.health = Some(health_model.score(
-            total(&aer.correctable),
-            total(&aer.nonfatal) + total(&aer.fatal),
-        ));
-    }
+    device.health = device
+        .aer_totals()
+        .map(|totals| health_model.score_totals(&totals));
     device
 }
 
