@@ -14,9 +14,11 @@ use pcieipc::engine::{
     JobSecret, LinkFacts, ReduceOp, TransportOptions, SECRET_ENV,
 };
 use pcieipc::probe::{Bdf, HealthModel, Topology};
+use pcieipc::trace::TRACE_ENV;
 use serde_json::json;
 
 use crate::bench_collective::Collective;
+use crate::cmd_trace::TraceParts;
 
 /// A host transport of the engine, or the CUDA backend.
 #[derive(Clone, Debug)]
@@ -135,6 +137,11 @@ pub struct Args {
     /// after every step), `auto` (gpu when every rank has a GPU of its own).
     #[arg(long, value_name = "auto|gpu|host", default_value = "auto", value_parser = ["auto", "gpu", "host"])]
     handoff: String,
+    /// Records every rank's timeline (calls, steps, waits, sleeps, link
+    /// events) into FILE, Chrome trace-event JSON for Perfetto UI or
+    /// chrome://tracing (`pcieipc trace summary FILE` sums it up).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// With --transport cuda on the GPU hand-off: capture the timed calls in
     /// a CUDA graph and time one replay of it (nccl-tests' -G).
     #[arg(short = 'G', long)]
@@ -223,12 +230,18 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     // Only the ranks started here hold it: nobody else can join the job.
     let secret = JobSecret::generate().context("making the job's secret")?;
     let passed: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let trace_parts = args.trace.as_ref().map(|_| TraceParts::new()).transpose()?;
     let mut children = Vec::with_capacity(args.nranks);
     for rank in 0..args.nranks {
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(&passed)
             .args(["--rank", &rank.to_string(), "--rendezvous", &rendezvous])
-            .env(SECRET_ENV, secret.to_hex())
+            .env(SECRET_ENV, secret.to_hex());
+        if let Some(parts) = &trace_parts {
+            command.env(TRACE_ENV, parts.prefix());
+        }
+        let child = command
             .spawn()
             .with_context(|| format!("starting rank {rank}"))?;
         children.push((rank, child));
@@ -244,6 +257,10 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
             crate::eprint_line(&format!("pcieipc bench: rank {rank} {status}"));
             exit = ExitCode::from(status.code().map_or(2, |code| code.clamp(1, 255) as u8));
         }
+    }
+    if let (Some(parts), Some(file)) = (&trace_parts, &args.trace) {
+        let ranks = parts.merge_into(file)?;
+        crate::eprint_line(&format!("# trace: {} ({ranks} ranks)", file.display()));
     }
     Ok(exit)
 }

@@ -12,6 +12,7 @@ mod cmd_device;
 mod cmd_link;
 mod cmd_monitor;
 mod cmd_probe;
+mod cmd_trace;
 mod probe_watch;
 
 #[derive(Parser)]
@@ -38,6 +39,7 @@ enum Command {
     Link(cmd_link::Args),
     /// Stream AER, link and device events from the module until interrupted.
     Monitor(cmd_monitor::Args),
+    Trace(cmd_trace::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Command::Device(args) => cmd_device::run(args),
         Command::Link(args) => cmd_link::run(args),
         Command::Monitor(args) => cmd_monitor::run(args),
+        Command::Trace(args) => cmd_trace::run(args),
     };
     match result {
         Ok(code) => code,

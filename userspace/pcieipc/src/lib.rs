@@ -7,3 +7,4 @@ pub mod engine;
 pub mod events;
 pub mod plan;
 pub mod probe;
+pub mod trace;

@@ -10,7 +10,9 @@ mod direct;
 mod one_shot;
 mod ring;
 
+use super::comm::Communicator;
 use super::dtype::ReduceOp;
+use crate::trace::Arg;
 
 /// The buffers of one call. In place, the rank's own contribution is read from
 /// the same memory the result is written to.
@@ -41,4 +43,31 @@ pub(crate) enum RingCall {
     AllReduce(ReduceOp),
     ReduceScatter(ReduceOp),
     AllGather,
+}
+
+impl Communicator {
+    /// Records a step that began at `traced_from` (None: not tracing):
+    /// step (or round) `k` of chunk `chunk`, `bytes` from the predecessor (or, for a
+    /// send, into this rank's slot). The waits inside it name the peer.
+    fn trace_step(
+        &self,
+        name: &'static str,
+        traced_from: Option<u64>,
+        k: usize,
+        chunk: usize,
+        bytes: usize,
+    ) {
+        if let (Some(trace), Some(start)) = (&self.trace, traced_from) {
+            trace.span(
+                name,
+                "step",
+                start,
+                vec![
+                    ("step", Arg::Int(k as i64)),
+                    ("chunk", Arg::Int(chunk as i64)),
+                    ("bytes", Arg::Int(bytes as i64)),
+                ],
+            );
+        }
+    }
 }

@@ -7,6 +7,7 @@ use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::OneShot;
 use crate::engine::transport::Signal;
+use crate::trace::monotonic_ns;
 
 impl Communicator {
     pub(crate) fn run_one_shot<T: Element>(
@@ -22,10 +23,14 @@ impl Communicator {
         };
         for round in 0..schedule.rounds() {
             let range = schedule.round(round);
+            let bytes = range.len() * std::mem::size_of::<T>();
+            let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
             let parity = OneShot::window_parity(u64::from(self.one_shot_rounds));
             self.one_shot_window::<T>(parity, range.len())
                 .copy_from_slice(&buffers.input()[range.clone()]);
             self.post_round();
+            self.trace_step("send", traced_from, round, 0, bytes);
+            let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
             for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
                 self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
                 if round == 0 {
@@ -43,6 +48,7 @@ impl Communicator {
             if op == ReduceOp::Avg {
                 finish_avg(output, self.nranks);
             }
+            self.trace_step("reduce", traced_from, round, 0, bytes * (self.nranks - 1));
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::{clip, Ring, RingKind, StepRole};
 use crate::engine::transport::Signal;
+use crate::trace::monotonic_ns;
 
 impl Communicator {
     pub(crate) fn run_ring<T: Element>(
@@ -50,22 +51,27 @@ impl Communicator {
         let single_copy =
             self.single_copy && self.options.single_copy_messages.contains(&message_bytes);
         let predecessor = self.predecessor();
+        let size = std::mem::size_of::<T>();
         let mut addresses_sent = false;
         for iteration in 0..ring.iterations(chunks, lag) {
             if iteration < chunks {
+                let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
                 let range = clip(
                     &ring.input_range(ring.sent_segment(r, 0)),
                     iteration,
                     chunk_elements,
                 );
+                let bytes = range.len() * std::mem::size_of::<T>();
                 let mut slot = self.send_slot::<T>(Stream::Raw, range.len())?;
                 slot.copy_from_slice(&buffers.input()[range]);
                 self.post(Stream::Raw, slot);
+                self.trace_step("send", traced_from, 0, iteration, bytes);
             }
             for k in 0..ring.steps() {
                 let Some(chunk) = ring.received_chunk(iteration, k, lag, chunks) else {
                     continue;
                 };
+                let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
                 let stream = if k == 0 { Stream::Raw } else { Stream::Relay };
                 let s = ring.received_segment(r, k);
                 let len = ring.chunk(s, chunk, chunk_elements).len();
@@ -88,6 +94,7 @@ impl Communicator {
                         addresses_sent = true;
                     }
                     self.release(stream, message);
+                    self.trace_step("read", traced_from, k, chunk, len * size);
                     continue;
                 }
                 let incoming = self.receive::<T>(stream, len)?;
@@ -130,6 +137,11 @@ impl Communicator {
                     }
                 }
                 self.release(stream, incoming);
+                let name = match role {
+                    StepRole::Accumulate | StepRole::Finish => "reduce",
+                    StepRole::Gather => "copy",
+                };
+                self.trace_step(name, traced_from, k, chunk, len * size);
             }
         }
         if addresses_sent {

@@ -13,6 +13,7 @@ use crate::engine::error::EngineError;
 use crate::engine::failure::{Corruption, Failure};
 use crate::engine::schedule::Algorithm;
 use crate::engine::transport::Signal;
+use crate::trace::Arg;
 
 /// How often a rank whose transport follows a device link polls it: a
 /// non-blocking read, kept off the path of back-to-back small calls.
@@ -37,6 +38,9 @@ impl Communicator {
         root: usize,
         algorithm: Algorithm,
     ) -> Result<CallDescriptor, EngineError> {
+        if let Some(trace) = &self.trace {
+            trace.begin_call();
+        }
         if let Some(failure) = self.transport.failure() {
             return Err(failure.into());
         }
@@ -77,6 +81,19 @@ impl Communicator {
     }
 
     pub(crate) fn end(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
+        if let (Some(trace), Some(call)) = (&self.trace, &self.current_call) {
+            trace.end_call(
+                call.kind.name(),
+                vec![
+                    ("call", Arg::Int(self.calls as i64)),
+                    ("dtype", Arg::Text(call.dtype.name())),
+                    ("count", Arg::Int(call.count as i64)),
+                    ("algorithm", Arg::Text(call.algorithm.name())),
+                    ("chunk_bytes", Arg::Int(i64::from(call.chunk_bytes))),
+                    ("ok", Arg::Int(i64::from(result.is_ok()))),
+                ],
+            );
+        }
         self.calls += 1;
         self.last_call = self.current_call.take();
         result
@@ -105,6 +122,14 @@ impl Communicator {
         }
         self.link_events_polled = Instant::now();
         if let Some(link) = self.transport.poll_link() {
+            if let Some(trace) = &self.trace {
+                trace.instant(
+                    "link change",
+                    "link",
+                    crate::trace::monotonic_ns(),
+                    vec![("link", Arg::Owned(format!("{link:?}")))],
+                );
+            }
             self.set_link(Some(link));
         }
     }

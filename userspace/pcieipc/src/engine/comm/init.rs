@@ -12,6 +12,7 @@ use super::slots::MESSAGE_HEADER_BYTES;
 use super::{Communicator, StreamCounts};
 use crate::engine::error::EngineError;
 use crate::engine::transport::{Setup, WindowSizes};
+use crate::trace::{Recorder, TRACE_ENV};
 
 fn bind_to_cpu(cpu: usize) -> Result<(), EngineError> {
     let mut set = CpuSet::new();
@@ -33,6 +34,7 @@ impl Communicator {
         options: CommOptions,
     ) -> Result<Communicator, EngineError> {
         let started = Instant::now();
+        let started_ns = crate::trace::monotonic_ns();
         if nranks == 0 {
             return Err(EngineError::NoRanks);
         }
@@ -60,6 +62,11 @@ impl Communicator {
             join_timeout: options.join_timeout,
             secret: options.secret,
         };
+        let trace_file = options
+            .trace
+            .clone()
+            .or_else(|| std::env::var_os(TRACE_ENV).map(std::path::PathBuf::from))
+            .map(|prefix| crate::trace::rank_file(&prefix, rank));
         let transport = options.transport.open(&setup)?;
         let link = transport.device_link().or(options.link);
         // Rank 0's choice: the windows were sized with it.
@@ -81,12 +88,16 @@ impl Communicator {
             predecessor_checked: false,
             current_call: None,
             last_call: None,
+            trace: trace_file.map(|file| Recorder::new(rank, file)),
             init_time: Duration::ZERO,
             single_copy: false,
         };
         communicator.set_link(link);
         communicator.single_copy = communicator.agree_on_peer_reads()?;
         communicator.init_time = started.elapsed();
+        if let Some(trace) = &communicator.trace {
+            trace.span("init", "init", started_ns, Vec::new());
+        }
         Ok(communicator)
     }
 }

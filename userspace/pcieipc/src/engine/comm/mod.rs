@@ -26,6 +26,7 @@ use super::dtype::{Element, ReduceOp};
 use super::error::EngineError;
 use super::schedule::{self, Algorithm, AlgorithmChoice, Limits};
 use super::transport::Transport;
+use crate::trace::Recorder;
 
 /// A rank's counts of the messages it sent and received on one stream.
 #[derive(Default)]
@@ -56,6 +57,8 @@ pub struct Communicator {
     predecessor_checked: bool,
     current_call: Option<CallDescriptor>,
     last_call: Option<CallDescriptor>,
+    /// This rank's timeline, when tracing.
+    pub(crate) trace: Option<Recorder>,
     init_time: Duration,
     /// Whether ranks read finished data straight from each other's buffers
     /// (the ring's all-gather for messages in `options.single_copy_messages`,
@@ -311,5 +314,11 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         self.transport.set_departed();
+        if let Some(trace) = &self.trace {
+            // Drop cannot return it: a trace asked for and not written is said.
+            if let Err(error) = trace.write() {
+                eprintln!("pcieipc: rank {}: writing its trace: {error}", self.rank);
+            }
+        }
     }
 }

@@ -67,6 +67,10 @@ pub struct CommOptions {
     /// value is used): memory the engine leaves to a backend layered on the
     /// communicator ([`backend_area`](crate::engine::Communicator::backend_area)).
     pub backend_bytes: usize,
+    /// Records this rank's timeline into `<prefix>.rank<R>.json` (trace-event
+    /// JSON: `crate::trace`). `None`: the `PCIEIPC_TRACE` environment
+    /// variable's prefix, if it is set; otherwise nothing is recorded.
+    pub trace: Option<std::path::PathBuf>,
 }
 
 impl Default for CommOptions {
@@ -87,6 +91,7 @@ impl Default for CommOptions {
             single_copy_messages: (2 << 20)..=(16 << 20),
             direct_messages: (4 << 20)..=(16 << 20),
             backend_bytes: 0,
+            trace: None,
         }
     }
 }

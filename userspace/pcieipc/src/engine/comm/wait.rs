@@ -8,6 +8,7 @@ use super::Communicator;
 use crate::engine::error::EngineError;
 use crate::engine::failure::Failure;
 use crate::engine::transport::Signal;
+use crate::trace::{monotonic_ns, Arg};
 
 /// How long a waiting rank that is not bound to a CPU polls before it starts
 /// yielding its core between polls.
@@ -59,12 +60,40 @@ impl Communicator {
         target: u32,
     ) -> Result<(), EngineError> {
         let reached = |value: u32| value.wrapping_sub(target) as i32 >= 0;
-        let transport = &*self.transport;
-        let mut value = transport.load(owner, signal);
-        if reached(value) {
+        if reached(self.transport.load(owner, signal)) {
             return Ok(());
         }
         let started = Instant::now();
+        let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
+        let outcome = self.wait_after_first_load(peer, owner, signal, target, started);
+        if let (Some(trace), Some(start)) = (&self.trace, traced_from) {
+            trace.span(
+                "wait",
+                "wait",
+                start,
+                vec![
+                    ("peer", Arg::Int(peer as i64)),
+                    ("owner", Arg::Int(owner as i64)),
+                    ("signal", Arg::Owned(format!("{signal:?}"))),
+                    ("target", Arg::Int(i64::from(target))),
+                ],
+            );
+        }
+        outcome
+    }
+
+    /// `wait_for` once its first load has not seen `target`.
+    fn wait_after_first_load(
+        &self,
+        peer: usize,
+        owner: usize,
+        signal: Signal,
+        target: u32,
+        started: Instant,
+    ) -> Result<(), EngineError> {
+        let reached = |value: u32| value.wrapping_sub(target) as i32 >= 0;
+        let transport = &*self.transport;
+        let mut value;
         // Poll back to back (a peer on another core is usually about to
         // post). An unbound rank then yields between polls, since on an
         // oversubscribed host its peer may be queued on this very core; a
@@ -129,12 +158,16 @@ impl Communicator {
                     .abort(Failure::PeerUnresponsive { rank, waited })
                     .into());
             }
+            let slept_from = self.trace.as_ref().map(|_| monotonic_ns());
             transport.sleep(
                 owner,
                 signal,
                 value,
                 LIVENESS_SLICE.min(self.options.peer_timeout - waited),
             );
+            if let (Some(trace), Some(start)) = (&self.trace, slept_from) {
+                trace.span(transport.sleep_name(), "sleep", start, Vec::new());
+            }
         };
         transport.set_blocked_on(None);
         outcome

@@ -132,6 +132,9 @@ pub trait Transport: Send {
     /// passes, whichever is first. Never spins.
     fn sleep(&self, owner: usize, signal: Signal, observed: u32, slice: Duration);
 
+    /// What `sleep` waits in, as a trace names it.
+    fn sleep_name(&self) -> &'static str;
+
     /// The peers whose processes have exited, with their pids.
     fn dead_peers(&self) -> Vec<(usize, u32)>;
     /// Every rank's pid (the kernel's, from the rendezvous).

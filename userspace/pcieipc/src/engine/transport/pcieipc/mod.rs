@@ -110,6 +110,7 @@ impl PcieipcTransport {
 
 impl Signalling for Doorbells {
     const NAME: &'static str = REGISTERED.name;
+    const SLEEP_NAME: &'static str = "MSI-X WAIT";
     const CAPABILITIES: Capabilities = Capabilities {
         peer_reads: false,
         link_events: true,

@@ -38,6 +38,8 @@ pub(crate) trait Signalling: Sized + Send {
     /// The name the transport is registered under.
     const NAME: &'static str;
     const CAPABILITIES: Capabilities;
+    /// What `sleep` waits in, as a trace names it.
+    const SLEEP_NAME: &'static str;
 
     /// Sets `owner`'s `signal` and wakes whoever sleeps on it.
     fn store(transport: &SegmentTransport<Self>, owner: usize, signal: Signal, value: u32);
@@ -155,6 +157,10 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
 
     fn sleep(&self, owner: usize, signal: Signal, observed: u32, slice: Duration) {
         S::sleep(self, owner, signal, observed, slice);
+    }
+
+    fn sleep_name(&self) -> &'static str {
+        S::SLEEP_NAME
     }
 
     fn dead_peers(&self) -> Vec<(usize, u32)> {

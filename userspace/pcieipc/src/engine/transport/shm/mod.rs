@@ -232,6 +232,7 @@ fn futex_wake_all(word: &AtomicU32) {
 
 impl Signalling for Futexes {
     const NAME: &'static str = REGISTERED.name;
+    const SLEEP_NAME: &'static str = "futex sleep";
     const CAPABILITIES: Capabilities = Capabilities {
         peer_reads: true,
         link_events: false,

@@ -1,0 +1,105 @@
+//! `pcieipc trace`: runs a command with tracing on (every communicator it
+//! makes records its rank's timeline), merges the ranks' files into one
+//! trace-event JSON file for Perfetto UI or chrome://tracing, and prints a
+//! summary; `pcieipc trace summary FILE` summarises a trace made earlier.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use pcieipc::trace::{self, TRACE_ENV};
+
+#[derive(Parser)]
+#[command(
+    about = "Record a job's timeline (Chrome trace-event JSON) or summarise one",
+    after_help = "Examples:\n  pcieipc trace -o bench.json -- pcieipc bench --nranks 2 -b 1M -e 1M\n  pcieipc trace summary bench.json"
+)]
+pub struct Args {
+    /// The merged trace to write.
+    #[arg(short, long, value_name = "FILE", default_value = "pcieipc-trace.json")]
+    output: PathBuf,
+    /// `summary FILE`, or the command to run traced (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.command.first().map(String::as_str) == Some("summary") {
+        let [_, file] = &args.command[..] else {
+            bail!("usage: pcieipc trace summary FILE");
+        };
+        print!("{}", summarise(Path::new(file))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let parts = TraceParts::new()?;
+    let status = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env(TRACE_ENV, parts.prefix())
+        .status()
+        .with_context(|| format!("running {}", args.command[0]))?;
+    let ranks = parts.merge_into(&args.output)?;
+    print!("{}", summarise(&args.output)?);
+    crate::eprint_line(&format!(
+        "pcieipc trace: {} ({ranks} ranks)",
+        args.output.display()
+    ));
+    Ok(if status.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(status.code().map_or(2, |code| code.clamp(1, 255) as u8))
+    })
+}
+
+fn summarise(file: &Path) -> anyhow::Result<trace::Summary> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    trace::summarise(&text).with_context(|| format!("{} is not a trace", file.display()))
+}
+
+/// A directory the ranks of one traced job write their files into,
+/// removed when dropped.
+pub(crate) struct TraceParts {
+    dir: PathBuf,
+}
+
+impl TraceParts {
+    pub(crate) fn new() -> anyhow::Result<TraceParts> {
+        let dir = std::env::temp_dir().join(format!("pcieipc-trace-{}", std::process::id()));
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(TraceParts { dir })
+    }
+
+    /// The prefix to hand the ranks (`PCIEIPC_TRACE`).
+    pub(crate) fn prefix(&self) -> PathBuf {
+        self.dir.join("job")
+    }
+
+    /// Merges every rank's file into `output`; returns how many there were.
+    pub(crate) fn merge_into(&self, output: &Path) -> anyhow::Result<usize> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .with_context(|| format!("reading {}", self.dir.display()))?
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            bail!("no rank wrote a trace (did the command make a pcieipc communicator?)");
+        }
+        let texts = files
+            .iter()
+            .map(|file| {
+                std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+            })
+            .collect::<anyhow::Result<Vec<String>>>()?;
+        let merged = trace::merge(&texts).context("merging the ranks' traces")?;
+        std::fs::write(output, merged).with_context(|| format!("writing {}", output.display()))?;
+        Ok(files.len())
+    }
+}
+
+impl Drop for TraceParts {
+    fn drop(&mut self) {
+        // Temporary files only: nothing to report if they are already gone.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,274 @@
+//! Trace-event JSON: merging the ranks' files into one trace and
+//! summarising a trace. Pure functions over text.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::{json, Value};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("no \"traceEvents\" array at the top")]
+    NoEvents,
+    #[error("event {index}: {what}")]
+    BadEvent { index: usize, what: &'static str },
+}
+
+fn events(text: &str) -> Result<Vec<Value>, TraceError> {
+    let mut trace: Value = serde_json::from_str(text)?;
+    match trace.get_mut("traceEvents").map(Value::take) {
+        Some(Value::Array(events)) => Ok(events),
+        _ => Err(TraceError::NoEvents),
+    }
+}
+
+/// One trace of every rank's file, each keeping its own process track.
+pub fn merge(rank_files: &[String]) -> Result<String, TraceError> {
+    let mut all = Vec::new();
+    for text in rank_files {
+        all.extend(events(text)?);
+    }
+    Ok(serde_json::to_string(
+        &json!({"traceEvents": all, "displayTimeUnit": "ns"}),
+    )?)
+}
+
+/// A complete event (`ph: "X"`) as the summary reads it.
+struct Span {
+    pid: u64,
+    name: String,
+    category: String,
+    start: f64,
+    duration: f64,
+    args: Value,
+}
+
+impl Span {
+    fn end(&self) -> f64 {
+        self.start + self.duration
+    }
+
+    fn contains(&self, other: &Span) -> bool {
+        self.pid == other.pid && self.start <= other.start && other.end() <= self.end()
+    }
+
+    fn peer(&self) -> Option<i64> {
+        self.args.get("peer").and_then(Value::as_i64)
+    }
+}
+
+fn spans(events: &[Value]) -> Result<Vec<Span>, TraceError> {
+    let mut spans = Vec::new();
+    for (index, event) in events.iter().enumerate() {
+        if event.get("ph").and_then(Value::as_str) != Some("X") {
+            continue;
+        }
+        let bad = |what| TraceError::BadEvent { index, what };
+        spans.push(Span {
+            pid: event
+                .get("pid")
+                .and_then(Value::as_u64)
+                .ok_or(bad("no pid"))?,
+            name: event
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or(bad("no name"))?
+                .to_owned(),
+            category: event
+                .get("cat")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            start: event
+                .get("ts")
+                .and_then(Value::as_f64)
+                .ok_or(bad("no ts"))?,
+            duration: event
+                .get("dur")
+                .and_then(Value::as_f64)
+                .filter(|duration| *duration >= 0.0)
+                .ok_or(bad("no dur, or a negative one"))?,
+            args: event.get("args").cloned().unwrap_or(Value::Null),
+        });
+    }
+    Ok(spans)
+}
+
+/// One rank's time, in microseconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankSummary {
+    pub rank: u64,
+    pub calls: usize,
+    pub call_us: f64,
+    /// Time in each kind of step (send, reduce, copy...), summed.
+    pub steps_us: BTreeMap<String, f64>,
+    pub wait_us: f64,
+    /// Time waited, by the peer waited on.
+    pub waits_on_us: BTreeMap<i64, f64>,
+}
+
+/// The longest step of the trace, and the longest wait inside it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlowestStep {
+    pub rank: u64,
+    pub name: String,
+    pub duration_us: f64,
+    pub args: Value,
+    /// (peer, µs) of the longest wait inside the step.
+    pub waited_on: Option<(i64, f64)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub ranks: Vec<RankSummary>,
+    pub slowest_step: Option<SlowestStep>,
+}
+
+/// Time per phase and waits per rank, and the slowest step with who it
+/// waited on.
+pub fn summarise(text: &str) -> Result<Summary, TraceError> {
+    let spans = spans(&events(text)?)?;
+    let mut ranks: BTreeMap<u64, RankSummary> = BTreeMap::new();
+    for span in &spans {
+        let rank = ranks.entry(span.pid).or_insert_with(|| RankSummary {
+            rank: span.pid,
+            calls: 0,
+            call_us: 0.0,
+            steps_us: BTreeMap::new(),
+            wait_us: 0.0,
+            waits_on_us: BTreeMap::new(),
+        });
+        match span.category.as_str() {
+            "call" => {
+                rank.calls += 1;
+                rank.call_us += span.duration;
+            }
+            "step" => *rank.steps_us.entry(span.name.clone()).or_default() += span.duration,
+            "wait" => {
+                rank.wait_us += span.duration;
+                if let Some(peer) = span.peer() {
+                    *rank.waits_on_us.entry(peer).or_default() += span.duration;
+                }
+            }
+            _ => {}
+        }
+    }
+    let slowest_step = spans
+        .iter()
+        .filter(|span| span.category == "step")
+        .max_by(|a, b| a.duration.total_cmp(&b.duration))
+        .map(|step| SlowestStep {
+            rank: step.pid,
+            name: step.name.clone(),
+            duration_us: step.duration,
+            args: step.args.clone(),
+            waited_on: spans
+                .iter()
+                .filter(|wait| wait.category == "wait" && step.contains(wait))
+                .max_by(|a, b| a.duration.total_cmp(&b.duration))
+                .and_then(|wait| wait.peer().map(|peer| (peer, wait.duration))),
+        });
+    Ok(Summary {
+        ranks: ranks.into_values().collect(),
+        slowest_step,
+    })
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for rank in &self.ranks {
+            writeln!(
+                f,
+                "rank {}: {} calls, {:.1} µs in calls, {:.1} µs waiting ({:.0}%)",
+                rank.rank,
+                rank.calls,
+                rank.call_us,
+                rank.wait_us,
+                if rank.call_us > 0.0 {
+                    100.0 * rank.wait_us / rank.call_us
+                } else {
+                    0.0
+                }
+            )?;
+            for (step, us) in &rank.steps_us {
+                writeln!(f, "  {step:<8} {us:>12.1} µs")?;
+            }
+            for (peer, us) in &rank.waits_on_us {
+                writeln!(f, "  waited on rank {peer}: {us:.1} µs")?;
+            }
+        }
+        match &self.slowest_step {
+            Some(step) => {
+                write!(
+                    f,
+                    "slowest step: rank {} {} {:.1} µs {}",
+                    step.rank, step.name, step.duration_us, step.args
+                )?;
+                match step.waited_on {
+                    Some((peer, us)) => writeln!(f, ", of which {us:.1} µs waiting on rank {peer}"),
+                    None => writeln!(f, ", no wait inside"),
+                }
+            }
+            None => writeln!(f, "no steps recorded"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(pid: u64, name: &str, cat: &str, ts: f64, dur: f64, args: Value) -> Value {
+        json!({"ph": "X", "pid": pid, "tid": 0, "name": name, "cat": cat, "ts": ts, "dur": dur, "args": args})
+    }
+
+    fn trace(events: Vec<Value>) -> String {
+        json!({"traceEvents": events}).to_string()
+    }
+
+    #[test]
+    fn summary_adds_phases_and_names_who_the_slowest_step_waited_on() {
+        let rank0 = trace(vec![
+            span(0, "all_reduce", "call", 0.0, 100.0, json!({})),
+            span(0, "send", "step", 1.0, 10.0, json!({})),
+            span(0, "reduce", "step", 20.0, 70.0, json!({"step": 0})),
+            span(0, "wait", "wait", 21.0, 50.0, json!({"peer": 1})),
+            span(0, "wait", "wait", 75.0, 5.0, json!({"peer": 1})),
+        ]);
+        let rank1 = trace(vec![
+            span(1, "all_reduce", "call", 0.0, 90.0, json!({})),
+            span(1, "reduce", "step", 5.0, 20.0, json!({})),
+            span(1, "wait", "wait", 6.0, 3.0, json!({"peer": 0})),
+        ]);
+        let merged = merge(&[rank0, rank1]).unwrap();
+        let summary = summarise(&merged).unwrap();
+        assert_eq!(summary.ranks.len(), 2);
+        assert_eq!(summary.ranks[0].calls, 1);
+        assert_eq!(summary.ranks[0].steps_us["reduce"], 70.0);
+        assert_eq!(summary.ranks[0].steps_us["send"], 10.0);
+        assert_eq!(summary.ranks[0].wait_us, 55.0);
+        assert_eq!(summary.ranks[0].waits_on_us[&1], 55.0);
+        assert_eq!(summary.ranks[1].waits_on_us[&0], 3.0);
+        let slowest = summary.slowest_step.unwrap();
+        assert_eq!((slowest.rank, slowest.name.as_str()), (0, "reduce"));
+        assert_eq!(slowest.waited_on, Some((1, 50.0)));
+    }
+
+    #[test]
+    fn malformed_traces_are_errors_not_panics() {
+        assert!(matches!(summarise("{"), Err(TraceError::Json(_))));
+        assert!(matches!(summarise("{}"), Err(TraceError::NoEvents)));
+        assert!(matches!(
+            summarise(&trace(vec![
+                json!({"ph": "X", "name": "x", "ts": 1.0, "dur": 1.0})
+            ])),
+            Err(TraceError::BadEvent { index: 0, .. })
+        ));
+        assert!(matches!(
+            summarise(&trace(vec![span(0, "x", "step", 0.0, -1.0, json!({}))])),
+            Err(TraceError::BadEvent { index: 0, .. })
+        ));
+    }
+}
