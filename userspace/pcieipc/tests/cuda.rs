@@ -1097,3 +1097,92 @@ fn host_memory_handoff_reduce_scatter_all_gather_broadcast_with_3_ranks() {
         other_collectives_through_host_memory,
     );
 }
+
+/// Each rank traces a GPU hand-off communicator (a kernel span per queued
+/// call, placed on the host clock) and a host hand-off one (its waits for
+/// the GPU), and reads its own trace file back.
+fn traced_calls(role: Role) {
+    let dir = std::env::temp_dir().join(format!("pcieipc-cuda-trace-{}", role.rendezvous));
+    std::fs::create_dir_all(&dir).unwrap();
+    let traced = |handoff: Handoff, name: &str| CudaOptions {
+        control: CommOptions {
+            trace: Some(dir.join(name)),
+            ..options(AlgorithmChoice::Auto).control
+        },
+        handoff,
+        ..options(AlgorithmChoice::Auto)
+    };
+    let read = |name: &str| -> Vec<serde_json::Value> {
+        let file = pcieipc::trace::rank_file(&dir.join(name), role.rank);
+        let trace: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        trace["traceEvents"].as_array().unwrap().clone()
+    };
+    const CALLS: usize = 5;
+    let before = pcieipc::trace::monotonic_ns() as f64 / 1e3;
+    {
+        let mut comm = join_handed_off(&role, "t-gpu", traced(Handoff::Gpu, "gpu"));
+        let gpu = comm.gpu().clone();
+        let stream = gpu.new_stream().unwrap();
+        let input = DeviceBuffer::from_host(&gpu, &vec![1.0f32; 1 << 20]).unwrap();
+        let mut output = DeviceBuffer::<f32>::zeroed(&gpu, 1 << 20).unwrap();
+        for _ in 0..CALLS {
+            comm.all_reduce_on_stream(&input, &mut output, ReduceOp::Sum, &stream)
+                .unwrap();
+        }
+        stream.synchronize().unwrap();
+    }
+    let after = pcieipc::trace::monotonic_ns() as f64 / 1e3;
+    let kernels: Vec<(f64, f64)> = read("gpu")
+        .iter()
+        .filter(|event| event["cat"] == "kernel")
+        .map(|event| {
+            assert_eq!(event["name"], "all_reduce");
+            (
+                event["ts"].as_f64().unwrap(),
+                event["dur"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(kernels.len(), CALLS, "rank {}: {kernels:?}", role.rank);
+    for (start, duration) in &kernels {
+        assert!(*duration > 0.0, "a kernel span of {duration} µs");
+        assert!(
+            before <= *start && start + duration <= after,
+            "rank {}: kernel span [{start}, +{duration}] outside [{before}, {after}]",
+            role.rank
+        );
+    }
+    assert!(
+        kernels.windows(2).all(|pair| pair[0].0 < pair[1].0),
+        "kernel spans in call order: {kernels:?}"
+    );
+    {
+        let mut comm = join(&role, "t-host", traced(Handoff::Host, "host"));
+        let gpu = comm.gpu().clone();
+        let mut buffer = DeviceBuffer::from_host(&gpu, &vec![1.0f32; 4096]).unwrap();
+        for _ in 0..3 {
+            comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum)
+                .unwrap();
+        }
+    }
+    let gpu_waits = read("host")
+        .iter()
+        .filter(|event| event["cat"] == "wait" && event["name"] == "GPU event")
+        .count();
+    assert!(
+        gpu_waits >= 3,
+        "rank {}: {gpu_waits} GPU event waits",
+        role.rank
+    );
+}
+
+#[test]
+fn traced_calls_have_kernel_spans_and_gpu_waits() {
+    run_ranks(
+        "traced_calls_have_kernel_spans_and_gpu_waits",
+        2,
+        LIMIT,
+        traced_calls,
+    );
+}

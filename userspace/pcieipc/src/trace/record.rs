@@ -79,6 +79,24 @@ impl Recorder {
         });
     }
 
+    /// A span between two times taken elsewhere (a GPU's events).
+    pub(crate) fn span_between(
+        &self,
+        name: &'static str,
+        category: &'static str,
+        start_ns: u64,
+        end_ns: u64,
+        args: Vec<(&'static str, Arg)>,
+    ) {
+        self.events.borrow_mut().push(Event {
+            name,
+            category,
+            start_ns,
+            end_ns: Some(end_ns),
+            args,
+        });
+    }
+
     /// An event with no duration, at `at_ns`.
     pub(crate) fn instant(
         &self,

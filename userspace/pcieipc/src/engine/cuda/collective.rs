@@ -7,6 +7,7 @@ use super::communicator::{on_rank, CudaCommunicator, DataPath};
 use super::gpu::{CudaError, DeviceBuffer};
 use super::kernels::Kernel;
 use crate::engine::{Algorithm, CallDescriptor, CallKind, DType, Element, EngineError, ReduceOp};
+use crate::trace::monotonic_ns;
 
 impl CudaCommunicator {
     /// `output[i]` = `op` over all ranks' `input[i]`.
@@ -100,7 +101,7 @@ impl CudaCommunicator {
             if input != output {
                 self.gpu.copy(output, input, bytes).map_err(&err)?;
             }
-            self.gpu.finish_after_polling(self.gpu_poll).map_err(&err)?;
+            self.finish_gpu().map_err(&err)?;
             return Ok(None);
         }
         let kernel = self.gpu.kernel(T::DTYPE, op).map_err(&err)?;
@@ -162,6 +163,17 @@ impl CudaCommunicator {
         self.wait_for_gpu()
     }
 
+    /// Waits for this rank's GPU to run what is queued (polling, then
+    /// asleep): a "GPU event" wait in the trace.
+    pub(super) fn finish_gpu(&self) -> Result<(), CudaError> {
+        let traced_from = self.control.trace.as_ref().map(|_| monotonic_ns());
+        let outcome = self.gpu.finish_after_polling(self.gpu_poll);
+        if let (Some(trace), Some(start)) = (&self.control.trace, traced_from) {
+            trace.span("GPU event", "wait", start, Vec::new());
+        }
+        outcome
+    }
+
     /// Waits, asleep on a blocking-sync event, until this GPU's stream has
     /// run every call queued on it, then reports what the hand-off kernels
     /// reported (the blocking calls end with this).
@@ -211,7 +223,7 @@ impl CudaCommunicator {
     /// on the host. A rank whose GPU work failed still comes to the meeting,
     /// so its peers learn it at once instead of timing out.
     pub(super) fn barrier(&mut self, queued: Result<(), CudaError>) -> Result<(), EngineError> {
-        let local = queued.and_then(|()| self.gpu.finish_after_polling(self.gpu_poll));
+        let local = queued.and_then(|()| self.finish_gpu());
         let mut failed = [local.as_ref().map_or(self.rank as i64 + 1, |_| 0)];
         self.control
             .all_reduce_in_place(&mut failed, ReduceOp::Max)?;

@@ -23,6 +23,7 @@ use super::handoff::{Exchange, ExchangeMemory, Handoff, HANDOFF_MAX_RANKS};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::kernels::{HANDOFF_BLOCKS, ONE_SHOT_MAX_RANKS};
 use super::registration::Registration;
+use super::tracing::KernelSpans;
 use super::BACKEND;
 use crate::engine::schedule::{self, Limits};
 use crate::engine::{
@@ -181,6 +182,8 @@ pub struct CudaCommunicator {
     pub(super) one_shot_parity: usize,
     pub(super) last_call: Option<CallDescriptor>,
     pub(super) init_time: Duration,
+    /// The kernels of each call on the GPU hand-off, when tracing.
+    pub(super) kernel_spans: Option<KernelSpans>,
 }
 
 impl CudaCommunicator {
@@ -277,8 +280,12 @@ impl CudaCommunicator {
             last_call: None,
             exchange: None,
             init_time: Duration::ZERO,
+            kernel_spans: None,
             gpu,
         };
+        if communicator.control.trace.is_some() {
+            communicator.kernel_spans = Some(KernelSpans::new(communicator.gpu.clone()));
+        }
         let reason = match options.peer_to_peer {
             PeerToPeer::Off => Some("peer-to-peer turned off".to_owned()),
             PeerToPeer::Auto => communicator.open_peers(&handles).err(),
@@ -502,5 +509,14 @@ impl CudaCommunicator {
             .expect("peer-to-peer path: every peer's staging block is open")
             .address()
             + offset as u64
+    }
+}
+
+impl Drop for CudaCommunicator {
+    fn drop(&mut self) {
+        // The control plane writes the trace when it goes, after this.
+        if let (Some(spans), Some(trace)) = (&mut self.kernel_spans, &self.control.trace) {
+            spans.resolve(trace);
+        }
     }
 }

@@ -217,6 +217,14 @@ impl Gpu {
             .map_err(self.driver("creating an event"))
     }
 
+    /// An event that records when the GPU passed it, for the trace's kernel
+    /// spans (`new_event`'s skip timing).
+    pub(crate) fn new_timing_event(&self) -> Result<CudaEvent, CudaError> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(self.driver("creating a timing event"))
+    }
+
     /// The PCI address of the GPU (domain, bus, device) as one number: two
     /// ranks on the same GPU have the same, whatever their ordinals.
     pub(crate) fn pci_address(&self) -> Result<i64, CudaError> {

@@ -46,6 +46,7 @@ use crate::engine::transport::PeerWatch;
 use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CallKind, DType, Element, EngineError, ReduceOp,
 };
+use crate::trace::Arg;
 
 /// Ranks the hand-off kernels serve (their exchange argument has a slot per
 /// rank).
@@ -637,6 +638,11 @@ impl CudaCommunicator {
             error: exchange.error.device_address(),
             epochs: exchange.epochs.address(),
         };
+        let blocks = exchange.blocks;
+        let traced = match &mut self.kernel_spans {
+            Some(spans) => Some(spans.begin(stream).map_err(&err)?),
+            None => None,
+        };
         let mut done = 0;
         while done < call.count {
             let elements = call.piece.min(call.count - done);
@@ -651,9 +657,24 @@ impl CudaCommunicator {
                 root: call.root as u32,
             };
             kernel
-                .handoff(&self.gpu, &launch, stream, exchange.blocks, &argument)
+                .handoff(&self.gpu, &launch, stream, blocks, &argument)
                 .map_err(&err)?;
             done += elements;
+        }
+        if let (Some(spans), Some(start)) = (&mut self.kernel_spans, traced) {
+            spans
+                .end(
+                    start,
+                    stream,
+                    call.kind.name(),
+                    vec![
+                        ("dtype", Arg::Text(call.dtype.name())),
+                        ("count", Arg::Int(call.count as i64)),
+                        ("algorithm", Arg::Text(algorithm.name())),
+                        ("blocks", Arg::Int(i64::from(blocks))),
+                    ],
+                )
+                .map_err(&err)?;
         }
         Ok(())
     }

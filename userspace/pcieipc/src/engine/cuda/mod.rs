@@ -13,6 +13,7 @@ mod kernels;
 mod one_shot;
 mod registration;
 mod ring;
+mod tracing;
 
 pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
 /// cudarc itself, for graphs and the rest of the CUDA API around the

@@ -46,7 +46,7 @@ impl CudaCommunicator {
                     range.len(),
                     call.divide_by,
                 )
-                .and_then(|()| self.gpu.finish_after_polling(self.gpu_poll))
+                .and_then(|()| self.finish_gpu())
                 .map_err(on_rank(self.rank))?;
         }
         Ok(())
