@@ -1,7 +1,8 @@
 //! `pcieipc trace`: runs a command with tracing on (every communicator it
 //! makes records its rank's timeline), merges the ranks' files into one
 //! trace-event JSON file for Perfetto UI or chrome://tracing, and prints a
-//! summary; `pcieipc trace summary FILE` summarises a trace made earlier.
+//! summary; `pcieipc trace summary FILE` summarises a trace made earlier,
+//! `pcieipc trace svg FILE` draws its last calls as an SVG timeline.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -13,13 +14,16 @@ use pcieipc::trace::{self, TRACE_ENV};
 #[derive(Parser)]
 #[command(
     about = "Record a job's timeline (Chrome trace-event JSON) or summarise one",
-    after_help = "Examples:\n  pcieipc trace -o bench.json -- pcieipc bench --nranks 2 -b 1M -e 1M\n  pcieipc trace summary bench.json"
+    after_help = "Examples:\n  pcieipc trace -o bench.json -- pcieipc bench --nranks 2 -b 1M -e 1M\n  pcieipc trace summary bench.json\n  pcieipc trace -o bench.svg svg bench.json   (the last --calls calls as an SVG timeline)"
 )]
 pub struct Args {
-    /// The merged trace to write.
+    /// The merged trace to write (with `svg`: the picture).
     #[arg(short, long, value_name = "FILE", default_value = "pcieipc-trace.json")]
     output: PathBuf,
-    /// `summary FILE`, or the command to run traced (after `--`).
+    /// With `svg`: how many of the lowest rank's last calls to draw.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    calls: usize,
+    /// `summary FILE`, `svg FILE`, or the command to run traced (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
 }
@@ -30,6 +34,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bail!("usage: pcieipc trace summary FILE");
         };
         print!("{}", summarise(Path::new(file))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.command.first().map(String::as_str) == Some("svg") {
+        let [_, file] = &args.command[..] else {
+            bail!("usage: pcieipc trace -o OUT.svg [--calls N] svg FILE");
+        };
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
+        let svg = trace::timeline_svg(&text, args.calls)
+            .with_context(|| format!("{file} is not a trace"))?;
+        std::fs::write(&args.output, svg)
+            .with_context(|| format!("writing {}", args.output.display()))?;
         return Ok(ExitCode::SUCCESS);
     }
     let parts = TraceParts::new()?;

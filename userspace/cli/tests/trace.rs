@@ -143,6 +143,20 @@ fn bench_trace_has_a_track_per_rank_with_nested_spans_and_a_summary() {
         text.contains("  reduce ") && text.contains("  send "),
         "{text}"
     );
+    // The picture: both ranks' bands, and the last two 1 MiB calls' spans.
+    let picture = dir.join("bench.svg");
+    let drawn = pcieipc()
+        .args(["trace", "--calls", "2", "-o"])
+        .arg(&picture)
+        .arg("svg")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(drawn.status.success(), "{drawn:?}");
+    let svg = std::fs::read_to_string(&picture).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("rank 0") && svg.contains("rank 1"));
+    assert!(svg.contains("(2 calls of rank 0)"), "{svg}");
+    assert!(svg.matches("<rect x=").count() >= 8, "{svg}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

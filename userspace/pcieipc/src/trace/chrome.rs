@@ -16,7 +16,7 @@ pub enum TraceError {
     BadEvent { index: usize, what: &'static str },
 }
 
-fn events(text: &str) -> Result<Vec<Value>, TraceError> {
+pub(super) fn events(text: &str) -> Result<Vec<Value>, TraceError> {
     let mut trace: Value = serde_json::from_str(text)?;
     match trace.get_mut("traceEvents").map(Value::take) {
         Some(Value::Array(events)) => Ok(events),
@@ -107,6 +107,9 @@ pub struct RankSummary {
     pub wait_us: f64,
     /// Time waited, by the peer waited on.
     pub waits_on_us: BTreeMap<i64, f64>,
+    /// Calls' kernels on the GPU (the CUDA transport's GPU hand-off).
+    pub kernels: usize,
+    pub kernel_us: f64,
 }
 
 /// The longest step of the trace, and the longest wait inside it.
@@ -139,6 +142,8 @@ pub fn summarise(text: &str) -> Result<Summary, TraceError> {
             steps_us: BTreeMap::new(),
             wait_us: 0.0,
             waits_on_us: BTreeMap::new(),
+            kernels: 0,
+            kernel_us: 0.0,
         });
         match span.category.as_str() {
             "call" => {
@@ -146,6 +151,10 @@ pub fn summarise(text: &str) -> Result<Summary, TraceError> {
                 rank.call_us += span.duration;
             }
             "step" => *rank.steps_us.entry(span.name.clone()).or_default() += span.duration,
+            "kernel" => {
+                rank.kernels += 1;
+                rank.kernel_us += span.duration;
+            }
             "wait" => {
                 rank.wait_us += span.duration;
                 if let Some(peer) = span.peer() {
@@ -192,6 +201,13 @@ impl fmt::Display for Summary {
                     0.0
                 }
             )?;
+            if rank.kernels > 0 {
+                writeln!(
+                    f,
+                    "  GPU kernels: {} calls, {:.1} µs",
+                    rank.kernels, rank.kernel_us
+                )?;
+            }
             for (step, us) in &rank.steps_us {
                 writeln!(f, "  {step:<8} {us:>12.1} µs")?;
             }
@@ -241,6 +257,7 @@ mod tests {
             span(1, "all_reduce", "call", 0.0, 90.0, json!({})),
             span(1, "reduce", "step", 5.0, 20.0, json!({})),
             span(1, "wait", "wait", 6.0, 3.0, json!({"peer": 0})),
+            span(1, "all_reduce", "kernel", 30.0, 12.5, json!({})),
         ]);
         let merged = merge(&[rank0, rank1]).unwrap();
         let summary = summarise(&merged).unwrap();
@@ -251,6 +268,14 @@ mod tests {
         assert_eq!(summary.ranks[0].wait_us, 55.0);
         assert_eq!(summary.ranks[0].waits_on_us[&1], 55.0);
         assert_eq!(summary.ranks[1].waits_on_us[&0], 3.0);
+        assert_eq!(
+            (summary.ranks[1].kernels, summary.ranks[1].kernel_us),
+            (1, 12.5)
+        );
+        assert_eq!(summary.ranks[0].kernels, 0);
+        assert!(summary
+            .to_string()
+            .contains("GPU kernels: 1 calls, 12.5 µs"));
         let slowest = summary.slowest_step.unwrap();
         assert_eq!((slowest.rank, slowest.name.as_str()), (0, "reduce"));
         assert_eq!(slowest.waited_on, Some((1, 50.0)));

@@ -11,13 +11,15 @@
 //!
 //! `record` holds what a rank collects and writes (`<prefix>.rank<R>.json`,
 //! a complete trace on its own); `chrome` merges rank files and summarises
-//! a trace, pure functions over JSON text.
+//! a trace, and `svg` draws one, pure functions over JSON text.
 
 pub mod chrome;
 mod record;
+mod svg;
 
 pub use chrome::{merge, summarise, Summary, TraceError};
 pub(crate) use record::{Arg, Recorder};
+pub use svg::timeline_svg;
 
 /// Names the file prefix every rank of a traced job writes to.
 pub const TRACE_ENV: &str = "PCIEIPC_TRACE";
