@@ -142,6 +142,12 @@ pub struct Args {
     /// chrome://tracing (`pcieipc trace summary FILE` sums it up).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// With --transport cuda on the GPU hand-off: bytes of each inbox and
+    /// result slot (a one-shot launch carries up to one, a two-shot launch
+    /// one per rank; larger messages take several launches). Default: 32
+    /// MiB / N.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    handoff_window: Option<usize>,
     /// With --transport cuda on the GPU hand-off: capture the timed calls in
     /// a CUDA graph and time one replay of it (nccl-tests' -G).
     #[arg(short = 'G', long)]
@@ -386,6 +392,7 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                         "host" => Handoff::Host,
                         _ => Handoff::Auto,
                     },
+                    handoff_window: args.handoff_window,
                     ..defaults
                 },
             )

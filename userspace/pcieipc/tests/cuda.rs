@@ -682,7 +682,7 @@ fn every_dtype_and_op_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cud
         "h-direct",
         options(AlgorithmChoice::Fixed(Algorithm::Direct)),
     );
-    let window = CudaOptions::default().handoff_window;
+    let window = one_shot.handoff_window().expect("the GPU hand-off");
     let mut failures = Vec::new();
     for dtype in DType::ALL {
         let element = dtype.size_bytes();
@@ -977,10 +977,20 @@ fn other_collectives_through_host_memory(role: Role) {
 }
 
 fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> CudaOptions) {
-    let mut comm = join_handed_off(&role, "h-others", options(AlgorithmChoice::Auto));
+    // 1 MiB windows: the counts below take one launch and several.
+    const WINDOW: usize = 1 << 20;
+    let mut comm = join_handed_off(
+        &role,
+        "h-others",
+        CudaOptions {
+            handoff_window: Some(WINDOW),
+            ..options(AlgorithmChoice::Auto)
+        },
+    );
     let gpu = comm.gpu().clone();
     let (rank, nranks) = (role.rank, role.nranks);
-    let window = CudaOptions::default().handoff_window;
+    let window = comm.handoff_window().expect("the GPU hand-off");
+    assert_eq!(window, WINDOW);
     let mut failures = Vec::new();
     // Exact small integers in every type: i (mod 7) + rank.
     let value = |r: usize, i: usize| ((i % 7) + r) as f64;

@@ -87,8 +87,12 @@ pub struct CudaOptions {
     pub handoff: Handoff,
     /// GPU hand-off: bytes of each inbox and result slot of the exchange
     /// blocks (a one-shot launch carries up to one, a two-shot launch one
-    /// per rank). Rank 0's value is used.
-    pub handoff_window: usize,
+    /// per rank). `None`: 32 MiB / N, so that a two-shot launch carries 32
+    /// MiB and an exchange block takes 128 MiB whatever N (4 MiB windows
+    /// were 17% behind the host hand-off at 128 MiB on one H200; 16 MiB
+    /// level with it, 64 MiB ahead at four times the memory). Rank 0's
+    /// value is used.
+    pub handoff_window: Option<usize>,
     /// GPU hand-off: how long a kernel waits for a peer's flag before it
     /// fails the call (and the communicator) naming that peer.
     pub handoff_timeout: Duration,
@@ -105,7 +109,7 @@ impl Default for CudaOptions {
             peer_read: PeerRead::Direct,
             gpu_poll: Duration::from_micros(200),
             handoff: Handoff::Auto,
-            handoff_window: 4 << 20,
+            handoff_window: None,
             handoff_timeout: Duration::from_secs(10),
         }
     }
@@ -135,6 +139,9 @@ impl StagingLayout {
         self.one_shot(2)
     }
 }
+
+/// What a two-shot launch of the GPU hand-off carries by default.
+const HANDOFF_LAUNCH_BYTES: usize = 32 << 20;
 
 /// The largest hand-off window a rank accepts from rank 0.
 const MAX_HANDOFF_WINDOW: usize = 1 << 30;
@@ -198,7 +205,11 @@ impl CudaCommunicator {
         options: CudaOptions,
     ) -> Result<CudaCommunicator, EngineError> {
         let started = Instant::now();
-        let window = options.handoff_window.max(16).next_multiple_of(16);
+        let window = options
+            .handoff_window
+            .unwrap_or(HANDOFF_LAUNCH_BYTES / nranks.max(1))
+            .max(16)
+            .next_multiple_of(16);
         // The GPU hand-off through host memory keeps its exchange blocks in
         // the control plane's segment, which is made at the rendezvous: ask
         // for the room whenever that path may be taken (memfd pages cost

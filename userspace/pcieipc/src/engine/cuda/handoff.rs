@@ -317,6 +317,12 @@ impl CudaCommunicator {
         Ok(Blocks::Host { areas })
     }
 
+    /// The bytes of each inbox and result slot of the GPU hand-off (rank
+    /// 0's choice), `None` on the host hand-off.
+    pub fn handoff_window(&self) -> Option<usize> {
+        self.exchange.as_ref().map(|exchange| exchange.window)
+    }
+
     /// Whether calls hand over on the GPU.
     pub fn hands_off_on_gpu(&self) -> bool {
         self.exchange.is_some()
@@ -421,7 +427,7 @@ impl CudaCommunicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<(), EngineError> {
-        let window = self.handoff_window()?;
+        let window = self.usable_window()?;
         let algorithm = self.handoff_algorithm(count * dtype.size_bytes(), window);
         // One-shot: the message fits a slot; two-shot: each rank's segment
         // (whole 16-byte vectors) does.
@@ -466,7 +472,7 @@ impl CudaCommunicator {
         )?;
         self.check_gpu(input.gpu())?;
         self.check_gpu(output.gpu())?;
-        let window = self.handoff_window()?;
+        let window = self.usable_window()?;
         let call = Call {
             kind: CallKind::ReduceScatter,
             kernel: HandoffKernel::ReduceScatter,
@@ -523,7 +529,7 @@ impl CudaCommunicator {
         dtype: DType,
         stream: &Arc<CudaStream>,
     ) -> Result<(), EngineError> {
-        let window = self.handoff_window()?;
+        let window = self.usable_window()?;
         let call = Call {
             kind: CallKind::AllGather,
             kernel: HandoffKernel::AllGather,
@@ -554,7 +560,7 @@ impl CudaCommunicator {
             });
         }
         self.check_gpu(buffer.gpu())?;
-        let window = self.handoff_window()?;
+        let window = self.usable_window()?;
         let call = Call {
             kind: CallKind::Broadcast,
             kernel: HandoffKernel::Broadcast,
@@ -574,7 +580,7 @@ impl CudaCommunicator {
 
     /// The slot size of the GPU hand-off, after checking that calls may be
     /// made: the hand-off is open and no kernel has reported a failure.
-    fn handoff_window(&self) -> Result<usize, EngineError> {
+    fn usable_window(&self) -> Result<usize, EngineError> {
         if let Some(failure) = self.gpu_failure() {
             return Err(failure);
         }
@@ -622,7 +628,7 @@ impl CudaCommunicator {
         };
         self.order_after_last_call(stream).map_err(&err)?;
         let (rank, nranks, element) = (self.rank, self.nranks, call.dtype.size_bytes());
-        let exchange = self.exchange.as_mut().expect("handoff_window checked it");
+        let exchange = self.exchange.as_mut().expect("usable_window checked it");
         let argument = ExchangeArg {
             base: std::array::from_fn(|rank| {
                 if rank < exchange.blocks_memory.count() {
