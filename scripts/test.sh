@@ -33,6 +33,8 @@ fabric.toml module.sh
 fabric.toml hostctl.sh unplug-ivs1.sh
 fabric.toml fault.sh
 fabric.toml aer.sh
+fabric.toml aer-tracefs.sh
+fabric.toml demo.sh
 fabric.toml hardening.sh
 datapath.toml datapath-list.sh
 datapath.toml datapath-ipc.sh
@@ -46,6 +48,7 @@ bigbar.toml long-copy.sh
 ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
 engine-aer.toml engine-aer.sh
+engine-aer.toml engine-tracefs.sh
 LIST
 
 # Progress, one line as each step starts and one as it ends, on stderr:

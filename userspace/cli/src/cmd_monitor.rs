@@ -1,10 +1,40 @@
-//! `pcieipc monitor`: streams the module's events (AER, link changes,
-//! retrains, device removal) as lines or JSON lines until interrupted.
+//! `pcieipc monitor`: one ordered stream of events (AER, link changes,
+//! retrains, device removal) from the module's /dev/pcieipc (devices it
+//! binds), the kernel's tracepoints through tracefs (every device) or, where
+//! tracing is unavailable, the kernel's AER counters; as lines or JSON lines,
+//! each marked with its source.
 
-use std::{io::Write, path::PathBuf, process::ExitCode};
+use std::{io::Write, os::fd::AsFd, path::PathBuf, process::ExitCode, time::Duration};
 
-use anyhow::Context;
-use pcieipc::device::{Device, DEFAULT_PATH};
+use anyhow::{bail, Context};
+use nix::{
+    poll::{poll, PollFd, PollFlags, PollTimeout},
+    sys::{
+        signal::{SigSet, Signal},
+        signalfd::{SfdFlags, SignalFd},
+    },
+};
+use pcieipc::{
+    device::{Device, DeviceError, DEFAULT_PATH},
+    event_source::{
+        merge::Merger, monotonic_now_ns, sysfs_counters::CounterPoller, tracefs::TraceSession,
+        DEFAULT_TRACEFS_ROOT,
+    },
+    events::Event,
+};
+
+use crate::eprint_line;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Source {
+    /// The module's /dev/pcieipc: devices it binds, with the recovery steps.
+    Module,
+    /// ras:aer_event and pci:pcie_link_event through a tracefs instance of
+    /// our own: every device.
+    Tracefs,
+    /// The aer_dev_* counters in sysfs, polled: every device.
+    Counters,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,38 +48,282 @@ pub struct Args {
     #[arg(long)]
     count: Option<u64>,
     /// Print the events already there and stop instead of waiting for more.
+    /// Only the module keeps a backlog, so this reads the module alone unless
+    /// --source or --seconds says otherwise.
     #[arg(long)]
     no_wait: bool,
+    /// Follow for this many seconds, then print what is left and stop.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Sources (comma-separated). Default: the module where it is loaded, and
+    /// tracefs, or the counters where tracing is unavailable.
+    #[arg(long, value_delimiter = ',')]
+    source: Vec<Source>,
+    /// Where tracefs is mounted.
+    #[arg(long, default_value = DEFAULT_TRACEFS_ROOT)]
+    tracefs_root: PathBuf,
+    /// Root under which sys/bus/pci/devices is read (the counters source).
+    #[arg(long, default_value = "/")]
+    sysfs_root: PathBuf,
+    /// How often the counters source reads the counters, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    poll_ms: u64,
 }
 
-/// Records taken per read.
+/// Records taken per read of the module.
 const BATCH: usize = 64;
+/// The longest the monitor sleeps with a tracefs source.
+const TRACE_RECHECK: Duration = Duration::from_millis(200);
+/// How long an event waits for older ones from slower sources.
+const REORDER_WINDOW: Duration = Duration::from_millis(250);
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut device = Device::open_with(&args.path, args.no_wait)?;
-    let mut printed = 0u64;
-    let stdout = std::io::stdout();
-    loop {
-        let events = match device.read_events(BATCH) {
-            Ok(events) => events,
-            Err(err) if args.no_wait && err.errno() == Some(nix::errno::Errno::EAGAIN) => break,
-            Err(err) => return Err(err.into()),
-        };
-        let mut out = stdout.lock();
-        for event in events {
-            if args.json {
-                serde_json::to_writer(&mut out, &event).context("writing JSON")?;
-                writeln!(out)?;
-            } else {
-                writeln!(out, "{event}")?;
+struct Sources {
+    module: Option<Device>,
+    trace: Option<TraceSession>,
+    counters: Option<CounterPoller>,
+}
+
+fn note(text: &str) {
+    eprint_line(&format!("pcieipc monitor: {text}"));
+}
+
+/// Opens the sources asked for (or the default set), saying on stderr which
+/// ones run; a source asked for by name that cannot open is an error, a
+/// default one a note.
+fn open_sources(args: &Args) -> anyhow::Result<Sources> {
+    let following = !args.no_wait || args.seconds.is_some();
+    let explicit = !args.source.is_empty();
+    let wanted = |source: Source| {
+        if explicit {
+            args.source.contains(&source)
+        } else {
+            source == Source::Module || following
+        }
+    };
+    let mut sources = Sources {
+        module: None,
+        trace: None,
+        counters: None,
+    };
+    let mut reasons = Vec::new();
+    if wanted(Source::Module) {
+        match Device::open_with(&args.path, true) {
+            Ok(device) => sources.module = Some(device),
+            Err(err @ DeviceError::Open { .. }) if !explicit => {
+                reasons.push(format!("module: {err}"));
             }
-            printed += 1;
-            if args.count.is_some_and(|count| printed >= count) {
-                out.flush()?;
-                return Ok(ExitCode::SUCCESS);
+            Err(err) => return Err(err).context("the module source"),
+        }
+    }
+    let mut trace_failed = false;
+    if wanted(Source::Tracefs) {
+        let name = format!("pcieipc-monitor-{}", std::process::id());
+        match TraceSession::open(&args.tracefs_root, &name) {
+            Ok(session) => sources.trace = Some(session),
+            Err(err) if !explicit => {
+                note(&format!(
+                    "tracefs: {err}; using the aer_dev_* counters instead"
+                ));
+                reasons.push(format!("tracefs: {err}"));
+                trace_failed = true;
+            }
+            Err(err) => return Err(err).context("the tracefs source"),
+        }
+    }
+    if (explicit && args.source.contains(&Source::Counters)) || (!explicit && trace_failed) {
+        match CounterPoller::open(&args.sysfs_root) {
+            Ok(poller) => sources.counters = Some(poller),
+            Err(err) if !explicit => reasons.push(format!("counters: {err}")),
+            Err(err) => return Err(err).context("the counters source"),
+        }
+    }
+    let mut running = Vec::new();
+    if sources.module.is_some() {
+        running.push(format!("module ({})", args.path.display()));
+    }
+    if let Some(trace) = &sources.trace {
+        running.push(format!(
+            "tracefs (instance {}{})",
+            trace.instance().display(),
+            if trace.has_link_events() {
+                ", with pcie_link_event"
+            } else {
+                ", no pcie_link_event in this kernel"
+            }
+        ));
+    }
+    if let Some(counters) = &sources.counters {
+        running.push(format!(
+            "counters ({} devices under {}, every {} ms)",
+            counters.devices(),
+            args.sysfs_root.display(),
+            args.poll_ms
+        ));
+    }
+    if running.is_empty() {
+        bail!("no event source could be opened: {}", reasons.join("; "));
+    }
+    if following {
+        note(&format!("following {}", running.join(", ")));
+    } else if sources.module.is_none() {
+        note("only the module keeps a backlog: --no-wait without it prints nothing");
+    }
+    Ok(sources)
+}
+
+/// What the sources hold now, read without blocking.
+fn read_sources(
+    sources: &mut Sources,
+    now: u64,
+    poll_counters: bool,
+) -> anyhow::Result<Vec<Event>> {
+    let mut events = Vec::new();
+    if let Some(device) = sources.module.as_mut() {
+        loop {
+            match device.read_events(BATCH) {
+                Ok(batch) if batch.is_empty() => break,
+                Ok(batch) => events.extend(batch),
+                Err(err) if err.errno() == Some(nix::errno::Errno::EAGAIN) => break,
+                Err(err) => return Err(err.into()),
             }
         }
-        out.flush()?;
     }
+    if let Some(trace) = sources.trace.as_mut() {
+        let batch = trace.read_available(now)?;
+        for error in &batch.malformed {
+            note(&format!("tracefs: skipped: {error}"));
+        }
+        events.extend(batch.events);
+    }
+    if poll_counters {
+        if let Some(counters) = sources.counters.as_mut() {
+            let batch = counters.poll(now)?;
+            for problem in &batch.problems {
+                note(&format!("counters: skipped: {problem}"));
+            }
+            events.extend(batch.events);
+        }
+    }
+    Ok(events)
+}
+
+/// Blocks SIGINT and SIGTERM and returns them as a descriptor, so that an
+/// interrupted monitor still removes its tracing instance.
+fn signals() -> anyhow::Result<SignalFd> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.thread_block().context("blocking SIGINT/SIGTERM")?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).context("signalfd")
+}
+
+struct Printer<'a> {
+    json: bool,
+    count: Option<u64>,
+    printed: u64,
+    out: std::io::StdoutLock<'a>,
+}
+
+impl Printer<'_> {
+    /// Prints `events`; false once `--count` is reached.
+    fn print(&mut self, events: Vec<Event>) -> anyhow::Result<bool> {
+        for event in events {
+            if self.json {
+                serde_json::to_writer(&mut self.out, &event).context("writing JSON")?;
+                writeln!(self.out)?;
+            } else {
+                writeln!(self.out, "{event}")?;
+            }
+            self.printed += 1;
+            if self.count.is_some_and(|count| self.printed >= count) {
+                self.out.flush()?;
+                return Ok(false);
+            }
+        }
+        self.out.flush()?;
+        Ok(true)
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(seconds) = args.seconds {
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            bail!("--seconds must be a number of seconds >= 0, not {seconds}");
+        }
+    }
+    let following = !args.no_wait || args.seconds.is_some();
+    let signal_fd = if following { Some(signals()?) } else { None };
+    let mut sources = open_sources(&args)?;
+    let mut printer = Printer {
+        json: args.json,
+        count: args.count,
+        printed: 0,
+        out: std::io::stdout().lock(),
+    };
+    let mut merger = Merger::new(REORDER_WINDOW.as_nanos() as u64);
+    let start = monotonic_now_ns();
+    let deadline = args.seconds.map(|s| start.saturating_add((s * 1e9) as u64));
+    let poll_every = Duration::from_millis(args.poll_ms.max(1)).as_nanos() as u64;
+    let mut next_counters = start + poll_every;
+    loop {
+        let now = monotonic_now_ns();
+        let poll_counters = now >= next_counters;
+        if poll_counters {
+            next_counters = now + poll_every;
+        }
+        merger.push(read_sources(&mut sources, now, poll_counters)?);
+        if !following || deadline.is_some_and(|d| now >= d) {
+            break;
+        }
+        if !printer.print(merger.ready(now))? {
+            return Ok(ExitCode::SUCCESS);
+        }
+        // Sleep until a source has something, the next counters poll, the
+        // reorder window of what waits, or the deadline.
+        let mut wake = u64::MAX;
+        if sources.counters.is_some() {
+            wake = wake.min(next_counters);
+        }
+        if !merger.is_empty() {
+            wake = wake.min(now + REORDER_WINDOW.as_nanos() as u64 / 4);
+        }
+        if let Some(d) = deadline {
+            wake = wake.min(d);
+        }
+        if sources.trace.is_some() {
+            // trace_pipe wakes pollers on any record with buffer_percent 0
+            // (set where the kernel has it); read again at least this often.
+            wake = wake.min(now + TRACE_RECHECK.as_nanos() as u64);
+        }
+        let timeout = if wake == u64::MAX {
+            PollTimeout::NONE
+        } else {
+            let ms = wake.saturating_sub(now).div_ceil(1_000_000).min(60_000);
+            PollTimeout::try_from(ms as i32).unwrap_or(PollTimeout::MAX)
+        };
+        let mut fds = Vec::new();
+        if let Some(device) = &sources.module {
+            fds.push(PollFd::new(device.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(trace) = &sources.trace {
+            fds.push(PollFd::new(trace.fd(), PollFlags::POLLIN));
+        }
+        let signal_fd = signal_fd.as_ref().expect("following");
+        fds.push(PollFd::new(signal_fd.as_fd(), PollFlags::POLLIN));
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => return Err(err).context("poll"),
+        }
+        if fds
+            .last()
+            .and_then(|fd| fd.revents())
+            .is_some_and(|r| r.contains(PollFlags::POLLIN))
+        {
+            // Interrupted: print what was gathered, then clean up on return.
+            merger.push(read_sources(&mut sources, monotonic_now_ns(), false)?);
+            break;
+        }
+    }
+    printer.print(merger.drain())?;
     Ok(ExitCode::SUCCESS)
 }

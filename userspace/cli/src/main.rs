@@ -37,7 +37,7 @@ enum Command {
     Device(cmd_device::Args),
     /// Link status, retraining and watching of any PCI function (needs the module).
     Link(cmd_link::Args),
-    /// Stream AER, link and device events from the module until interrupted.
+    /// Stream AER, link and device events (module, tracefs, AER counters) until interrupted.
     Monitor(cmd_monitor::Args),
     Trace(cmd_trace::Args),
 }

@@ -75,6 +75,24 @@ pub struct AerError {
     pub masked: bool,
 }
 
+/// The error a set status bit stands for: the spec's name and the kernel's
+/// short name for known positions, the position otherwise.
+pub fn aer_error_at(position: u8, severity: Severity, masked: bool) -> AerError {
+    let (table, kind): (&[AerBit], &str) = if severity == Severity::Correctable {
+        (&CORRECTABLE, "Correctable")
+    } else {
+        (&UNCORRECTABLE, "Uncorrectable")
+    };
+    let known = table.iter().find(|b| b.bit == position);
+    AerError {
+        bit: position,
+        name: known.map_or_else(|| format!("{kind} bit {position}"), |b| b.name.into()),
+        short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
+        severity,
+        masked,
+    }
+}
+
 /// The errors an AER register snapshot holds: uncorrectable bits with their
 /// severity from the severity register (a set bit there means fatal), then
 /// correctable bits. Unknown set bits are reported by position.
@@ -83,38 +101,38 @@ pub fn decode_aer(regs: &uapi::pcieipc_aer_regs) -> Vec<AerError> {
     for position in 0..32u8 {
         let mask = 1u32 << position;
         if regs.uncor_status & mask != 0 {
-            let known = UNCORRECTABLE.iter().find(|b| b.bit == position);
-            errors.push(AerError {
-                bit: position,
-                name: known.map_or_else(
-                    || format!("Uncorrectable bit {position}"),
-                    |b| b.name.into(),
-                ),
-                short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
-                severity: if regs.uncor_severity & mask != 0 {
-                    Severity::Fatal
-                } else {
-                    Severity::NonFatal
-                },
-                masked: regs.uncor_mask & mask != 0,
-            });
+            let severity = if regs.uncor_severity & mask != 0 {
+                Severity::Fatal
+            } else {
+                Severity::NonFatal
+            };
+            errors.push(aer_error_at(
+                position,
+                severity,
+                regs.uncor_mask & mask != 0,
+            ));
         }
     }
     for position in 0..32u8 {
         let mask = 1u32 << position;
         if regs.cor_status & mask != 0 {
-            let known = CORRECTABLE.iter().find(|b| b.bit == position);
-            errors.push(AerError {
-                bit: position,
-                name: known
-                    .map_or_else(|| format!("Correctable bit {position}"), |b| b.name.into()),
-                short: known.map_or_else(|| format!("bit{position}"), |b| b.short.into()),
-                severity: Severity::Correctable,
-                masked: regs.cor_mask & mask != 0,
-            });
+            errors.push(aer_error_at(
+                position,
+                Severity::Correctable,
+                regs.cor_mask & mask != 0,
+            ));
         }
     }
     errors
+}
+
+/// The errors of one status word whose bits all have `severity` (what the
+/// kernel's AER report and its counters give: status already masked).
+pub fn decode_status(status: u32, severity: Severity) -> Vec<AerError> {
+    (0..32u8)
+        .filter(|position| status & (1 << position) != 0)
+        .map(|position| aer_error_at(position, severity, false))
+        .collect()
 }
 
 /// The First Error Pointer (AER Capabilities and Control bits 4:0), when it
@@ -132,8 +150,9 @@ pub fn bdf_string(bdf: u32) -> String {
     crate::probe::bdf::Bdf::from_abi(bdf).to_string()
 }
 
-/// A link as the module decoded it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A link as the module decoded it (tracefs link events fill speed, width,
+/// max_speed and the port's link status; the rest stays 0).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Link {
     pub bdf: String,
     pub upstream_port: String,
@@ -215,6 +234,34 @@ impl fmt::Display for Link {
     }
 }
 
+/// Where an event came from: the module's `/dev/pcieipc` (devices it binds),
+/// the kernel's tracepoints read through tracefs (`ras:aer_event`,
+/// `pci:pcie_link_event`: every device), or the kernel's `aer_dev_*`
+/// counters in sysfs (every device, where tracing is unavailable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventSource {
+    Module,
+    Tracefs,
+    Counters,
+}
+
+impl EventSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventSource::Module => "module",
+            EventSource::Tracefs => "tracefs",
+            EventSource::Counters => "counters",
+        }
+    }
+}
+
+impl fmt::Display for EventSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
@@ -230,7 +277,11 @@ pub enum EventKind {
 /// One decoded event record.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
+    /// The source's own sequence number (the module's, or one counted by
+    /// the tracefs or counters reader from 0).
     pub seq: u64,
+    /// CLOCK_MONOTONIC, nanoseconds (tracefs: microsecond resolution;
+    /// counters: when the poll saw the change).
     pub timestamp_ns: u64,
     pub kind: EventKind,
     pub bdf: String,
@@ -256,6 +307,38 @@ pub struct Event {
     pub link_before: Option<Link>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_after: Option<Link>,
+    /// tracefs link events: why the kernel updated the link (retrain,
+    /// add_bus, bwctrl_enable, bwctrl_irq, hotplug).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Counters: how many errors the counters rose by since the last poll.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub occurrences: Option<u64>,
+    pub source: EventSource,
+}
+
+impl Event {
+    /// An event of `source` with nothing but its kind, device and time set.
+    pub fn new(source: EventSource, kind: EventKind, bdf: String, timestamp_ns: u64) -> Self {
+        Event {
+            seq: 0,
+            timestamp_ns,
+            kind,
+            bdf,
+            lost: None,
+            aer_step: None,
+            channel_state: None,
+            result: None,
+            errors: Vec::new(),
+            first_error: None,
+            aer_source: None,
+            link_before: None,
+            link_after: None,
+            reason: None,
+            occurrences: None,
+            source,
+        }
+    }
 }
 
 fn aer_step_name(step: u32) -> Option<&'static str> {
@@ -344,24 +427,44 @@ impl Event {
             aer_source: (e.aer.present != 0).then(|| bdf_string(e.aer.source_bdf)),
             link_before: has_link.then(|| Link::from_abi(&e.link_before)),
             link_after: has_link.then(|| Link::from_abi(&e.link_after)),
+            reason: None,
+            occurrences: None,
+            source: EventSource::Module,
         }
     }
 }
 
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The source first: a line that starts with "[ seconds]" would read
+        // as one of the kernel's own console lines.
         let seconds = self.timestamp_ns as f64 / 1e9;
-        write!(f, "[{seconds:12.6}] #{} {}", self.seq, self.bdf)?;
+        write!(
+            f,
+            "{:<8} [{seconds:12.6}] #{} {}",
+            self.source.name(),
+            self.seq,
+            self.bdf
+        )?;
         match self.kind {
             EventKind::Overflow => write!(f, " OVERFLOW: {} events lost", self.lost.unwrap_or(0))?,
-            EventKind::Aer => write!(
-                f,
-                " AER {} (channel {}) -> {}",
-                self.aer_step.unwrap_or("?"),
-                self.channel_state.unwrap_or("?"),
-                self.result.as_deref().unwrap_or("?")
-            )?,
-            EventKind::LinkChange => write!(f, " LINK_CHANGE")?,
+            EventKind::Aer => match self.aer_step {
+                Some(step) => write!(
+                    f,
+                    " AER {step} (channel {}) -> {}",
+                    self.channel_state.unwrap_or("?"),
+                    self.result.as_deref().unwrap_or("?")
+                )?,
+                // tracefs and counters: the kernel's report, no driver step.
+                None => match self.occurrences {
+                    Some(count) => write!(f, " AER reported x{count}")?,
+                    None => write!(f, " AER reported")?,
+                },
+            },
+            EventKind::LinkChange => match &self.reason {
+                Some(reason) => write!(f, " LINK_CHANGE ({reason})")?,
+                None => write!(f, " LINK_CHANGE")?,
+            },
             EventKind::DeviceGone => write!(f, " DEVICE_GONE")?,
             EventKind::LinkRetrain => write!(
                 f,
@@ -380,6 +483,14 @@ impl fmt::Display for Event {
                 speed_gts(after.speed),
                 after.width
             )?;
+            if after.degraded {
+                write!(f, " DEGRADED")?;
+            }
+        } else if let Some(after) = &self.link_after {
+            write!(f, ": {} x{}", speed_gts(after.speed), after.width)?;
+            if after.max_speed != 0 {
+                write!(f, " of {}", speed_gts(after.max_speed))?;
+            }
             if after.degraded {
                 write!(f, " DEGRADED")?;
             }

@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod engine;
+pub mod event_source;
 pub mod events;
 pub mod plan;
 pub mod probe;

@@ -47,6 +47,9 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 grep -q ' /dev ' /proc/mounts || mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp
+# tracefs, where the kernel has tracing (the directory exists then): the
+# tracefs event source of `pcieipc monitor` reads it.
+[ -d /sys/kernel/tracing ] && mount -t tracefs tracefs /sys/kernel/tracing
 # ttyS1 is the channel to the harness (see /testbed/lib.sh): raw, no echo.
 exec 3<>/dev/ttyS1
 stty -F /dev/ttyS1 raw -echo

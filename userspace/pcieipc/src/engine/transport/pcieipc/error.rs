@@ -9,6 +9,13 @@ pub enum PcieipcError {
     #[error(transparent)]
     Device(#[from] DeviceError),
 
+    /// The kernel's tracepoints a job asked for (`PCIEIPC_LINK_TRACEFS`).
+    #[error("{env}: {source}")]
+    Tracefs {
+        env: &'static str,
+        source: crate::event_source::SourceError,
+    },
+
     #[error(
         "needs bound ivshmem-doorbell device number {position} (counting from 0) of {path}, \
          but only {found} are bound"

@@ -3,15 +3,25 @@
 //! a watch on the device's link turns speed and width changes into
 //! LINK_CHANGE events. The communicator polls it without blocking between
 //! calls and publishes what changed, so the next calls are planned for it.
+//!
+//! With `PCIEIPC_LINK_TRACEFS` set (to a tracefs root, or to 1 for
+//! /sys/kernel/tracing), each rank also follows the kernel's tracepoints in a
+//! tracing instance of its own: correctable errors its upstream port reports
+//! (the kernel calls no driver below the port for those, so the module never
+//! sees them) and the kernel's own updates of that port's link. Opt-in: it
+//! needs root, and a rank that is killed leaves its instance behind.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::device::{BoundDevice, Device, DeviceError, DEFAULT_PATH};
-use crate::events::{Event, EventKind};
+use crate::event_source::{monotonic_now_ns, tracefs::TraceSession, DEFAULT_TRACEFS_ROOT};
+use crate::events::{Event, EventKind, EventSource, Severity};
 use crate::probe::bdf::Bdf;
 use crate::probe::link::LinkSpeed;
 
+use super::PcieipcError;
 use crate::engine::chunk::LinkFacts;
 
 /// How long an AER error counts as recent: long enough that a link that
@@ -22,6 +32,8 @@ pub const AER_MEMORY: Duration = Duration::from_secs(60);
 const WATCH_PERIOD: Duration = Duration::from_millis(100);
 /// Events read per `read()`: the module's ring holds 256.
 const EVENTS_PER_READ: usize = 64;
+/// Opts a rank into following the kernel's tracepoints: a tracefs root, or 1.
+pub const TRACEFS_ENV: &str = "PCIEIPC_LINK_TRACEFS";
 
 /// The AER steps that report a new error; the later steps of a recovery
 /// (mmio_enabled, slot_reset, resume) belong to the same one.
@@ -31,6 +43,56 @@ fn reports_new_error(event: &Event) -> bool {
             event.aer_step,
             Some("error_detected" | "cor_error_detected")
         )
+}
+
+/// What a tracefs event says about the link above a rank's device whose
+/// upstream port is `port`: a new error (a correctable one the port reported:
+/// uncorrectable ones reach the module's error handlers, which already count
+/// them), or the port's link after a change the kernel made. Events of other
+/// devices, and the module's own, say nothing here.
+fn tracefs_fact(event: &Event, port: &str) -> Option<TracefsFact> {
+    if event.source != EventSource::Tracefs || event.bdf != port {
+        return None;
+    }
+    match event.kind {
+        EventKind::Aer
+            if !event.errors.is_empty()
+                && event
+                    .errors
+                    .iter()
+                    .all(|e| e.severity == Severity::Correctable) =>
+        {
+            Some(TracefsFact::NewError)
+        }
+        EventKind::LinkChange => {
+            let after = event.link_after.as_ref()?;
+            let speed = LinkSpeed::from_encoding(after.speed)?;
+            (after.width != 0).then_some(TracefsFact::Link {
+                speed_gt_s: speed.gigatransfers_per_second() as f32,
+                width: after.width,
+            })
+        }
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum TracefsFact {
+    NewError,
+    Link { speed_gt_s: f32, width: u8 },
+}
+
+/// The tracefs root `PCIEIPC_LINK_TRACEFS` names, if set.
+fn tracefs_root() -> Option<PathBuf> {
+    let value = std::env::var_os(TRACEFS_ENV)?;
+    if value.is_empty() || value == "0" {
+        return None;
+    }
+    Some(if value == "1" {
+        PathBuf::from(DEFAULT_TRACEFS_ROOT)
+    } else {
+        PathBuf::from(value)
+    })
 }
 
 /// One rank's device link and its recent AER errors.
@@ -47,13 +109,16 @@ pub(crate) struct LinkEvents {
     aer_errors: VecDeque<Instant>,
     /// What `poll` last returned.
     published: LinkFacts,
+    /// The port above the device and the kernel's tracepoints, where the
+    /// job opted in (`PCIEIPC_LINK_TRACEFS`).
+    trace: Option<(String, TraceSession)>,
 }
 
 impl LinkEvents {
     /// Follows the link above `mine` from its status now (the device list
     /// holds the status at bind time); `None` when the module reads no link
     /// speed above it (a device on a root bus), which leaves nothing to follow.
-    pub(super) fn open(mine: &BoundDevice) -> Result<Option<LinkEvents>, DeviceError> {
+    pub(super) fn open(mine: &BoundDevice) -> Result<Option<LinkEvents>, PcieipcError> {
         let mut device = Device::open_with(DEFAULT_PATH, true)?;
         // A new file's cursor starts at the oldest event the module keeps:
         // skip what happened before this job.
@@ -75,7 +140,7 @@ impl LinkEvents {
         let watching = match device.watch(abi_bdf, WATCH_PERIOD) {
             Ok(()) => true,
             Err(error) if error.errno() == Some(nix::errno::Errno::EEXIST) => false,
-            Err(error) => return Err(error),
+            Err(error) => return Err(error.into()),
         };
         let facts = LinkFacts {
             speed_gt_s: speed.gigatransfers_per_second() as f32,
@@ -83,6 +148,19 @@ impl LinkEvents {
             recent_aer_errors: 0,
             // The module watches PCIe functions; NVLink is the probe's to see.
             over_nvlink: false,
+        };
+        let trace = match (tracefs_root(), &mine.upstream_bdf) {
+            (Some(root), Some(port)) => {
+                let name = format!("pcieipc-rank-{}", std::process::id());
+                // The job asked for it: a failure is reported, not ignored.
+                let session =
+                    TraceSession::open(&root, &name).map_err(|source| PcieipcError::Tracefs {
+                        env: TRACEFS_ENV,
+                        source,
+                    })?;
+                Some((port.clone(), session))
+            }
+            _ => None,
         };
         Ok(Some(LinkEvents {
             device,
@@ -92,6 +170,7 @@ impl LinkEvents {
             width: facts.width,
             aer_errors: VecDeque::new(),
             published: facts,
+            trace,
         }))
     }
 
@@ -111,6 +190,26 @@ impl LinkEvents {
             for event in &events {
                 if event.bdf == self.bdf {
                     self.apply(event);
+                }
+            }
+        }
+        if let Some((port, session)) = self.trace.as_mut() {
+            // A failed read keeps the last facts, as for the module.
+            let events = session
+                .read_available(monotonic_now_ns())
+                .map(|batch| batch.events)
+                .unwrap_or_default();
+            let facts: Vec<TracefsFact> = events
+                .iter()
+                .filter_map(|e| tracefs_fact(e, port))
+                .collect();
+            for fact in facts {
+                match fact {
+                    TracefsFact::NewError => self.aer_errors.push_back(Instant::now()),
+                    TracefsFact::Link { speed_gt_s, width } => {
+                        self.speed_gt_s = speed_gt_s;
+                        self.width = width;
+                    }
                 }
             }
         }
@@ -171,5 +270,59 @@ impl Drop for LinkEvents {
                 let _ = self.device.unwatch(bdf);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event_source::trace_text::{parse_line, to_event};
+
+    fn traced(line: &str) -> Event {
+        to_event(&parse_line(line).unwrap().unwrap(), 0, 0)
+    }
+
+    const PORT: &str = "0000:00:11.0";
+    // Lines of the testbed kernel's trace_pipe (see trace_text's tests).
+    const CORRECTABLE: &str = "   irq/25-aerdrv-34      [001] .....     4.954258: aer_event: 0000:00:11.0 PCIe Bus Error: severity=Corrected, Bad TLP, TLP Header=Not available";
+    const NONFATAL: &str = "   irq/25-aerdrv-34      [001] .....     4.917689: aer_event: 0000:00:11.0 PCIe Bus Error: severity=Uncorrected, non-fatal, Completion Timeout, TLP Header=Not available";
+    const LINK: &str = "              sh-58      [000] .....     5.103412: pcie_link_event: 0000:00:11.0 type:4, reason:1, cur_bus_speed:22, max_bus_speed:22, width:4, flit_mode:0, status:DLLLA";
+
+    #[test]
+    fn correctable_errors_of_the_port_count() {
+        assert_eq!(
+            tracefs_fact(&traced(CORRECTABLE), PORT),
+            Some(TracefsFact::NewError)
+        );
+        // Another port's error is not this rank's.
+        assert_eq!(tracefs_fact(&traced(CORRECTABLE), "0000:00:10.0"), None);
+    }
+
+    #[test]
+    fn uncorrectable_errors_are_left_to_the_module() {
+        // The AER core calls error_detected on the device below the port:
+        // the module's event counts it once.
+        assert_eq!(tracefs_fact(&traced(NONFATAL), PORT), None);
+    }
+
+    #[test]
+    fn the_kernel_link_updates_of_the_port_set_speed_and_width() {
+        assert_eq!(
+            tracefs_fact(&traced(LINK), PORT),
+            Some(TracefsFact::Link {
+                speed_gt_s: 8.0,
+                width: 4
+            })
+        );
+        let mut unknown = traced(LINK);
+        unknown.link_after.as_mut().unwrap().speed = 0;
+        assert_eq!(tracefs_fact(&unknown, PORT), None);
+    }
+
+    #[test]
+    fn module_events_are_not_tracefs_facts() {
+        let mut event = traced(CORRECTABLE);
+        event.source = EventSource::Module;
+        assert_eq!(tracefs_fact(&event, PORT), None);
     }
 }

@@ -111,7 +111,7 @@ impl PcieipcTransport {
             unattached.watch(joined.pids)
         }?;
         transport.signalling.link_events =
-            LinkEvents::open(&transport.signalling.mine).map_err(|error| fail(error.into()))?;
+            LinkEvents::open(&transport.signalling.mine).map_err(fail)?;
         Ok(transport)
     }
 
