@@ -15,7 +15,7 @@ add_step() { step_names+=("$1"); step_commands+=("$2"); }
 
 add_step "build: host setup, testbed kernel (cached), module, userspace" 'bash scripts/build-all.sh && source build/env.sh'
 add_step "UAPI bindings regenerate without a diff" 'bash scripts/gen-uapi.sh --check'
-add_step "cargo test --workspace" 'cargo test -q --workspace --release'
+add_step "cargo test --workspace (with probe --html in headless Chromium)" 'cargo test -q --workspace --release'
 add_step "cargo clippy --workspace, GPU tests included (warnings are errors)" 'cargo clippy -q --workspace --all-targets --all-features --release -- -D warnings'
 add_step "cargo fmt --check" 'cargo fmt --all --check'
 add_step "kmod: CLIPPY=1 build (warnings are errors)" 'make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules'

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use pcieipc::plan::CostModel;
+use pcieipc::probe::html::{parse_monitor_lines, render_html, MonitorEvent};
 use pcieipc::probe::nvlink::{GpuNvlinkState, NvlinkRemote};
 use pcieipc::probe::report::{DeviceReport, GpuPairReport, GpuReport, LinkReport, RingPlanReport};
 use pcieipc::probe::{
     Bdf, HealthBasis, HealthModel, LinkState, NvlinkSource, NvlinkStatus, Nvlinks, NvmlFixture,
-    NvmlLibrary, ProbeReport, Severity, Topology,
+    NvmlLibrary, ProbeReport, Severity, Topology, AER_NOT_REPORTED,
 };
 
 #[derive(clap::Args)]
@@ -44,10 +45,19 @@ pub struct Args {
     /// Health model: scores below this are sub-healthy.
     #[arg(long, value_name = "SCORE", default_value_t = HealthModel::default().sub_healthy_below)]
     sub_healthy_below: f64,
+    /// Also write the report as one self-contained HTML page to FILE: the PCIe
+    /// tree with links coloured by health, both rings, the GPU pairs, the
+    /// findings and a card per device.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// With --html: put the events in FILE (the JSON lines of `pcieipc monitor
+    /// --json`) on the page's time strip.
+    #[arg(long, value_name = "FILE", requires = "html")]
+    events: Option<PathBuf>,
     /// Instead of one report, sample the AER counters and links every
     /// --interval and print each change: a device's health from the errors of
     /// the last --window (not lifetime totals), link speed and width changes.
-    #[arg(long, conflicts_with_all = ["nvml_fixture", "capture_nvml", "fail_on"])]
+    #[arg(long, conflicts_with_all = ["nvml_fixture", "capture_nvml", "fail_on", "html"])]
     watch: bool,
     /// With --watch: seconds between samples.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds, requires = "watch")]
@@ -68,10 +78,6 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         .filter(|duration| !duration.is_zero())
         .ok_or_else(|| format!("{text:?} is not a positive number of seconds"))
 }
-
-/// The probe's line where the kernel shows no AER counters.
-pub(crate) const AER_NOT_REPORTED: &str =
-    "AER: not reported by this kernel/VM (no aer_dev_* files)";
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
@@ -96,6 +102,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("probing sysfs under {}", args.sysfs_root.display()))?
         .with_nvlinks(nvlinks(&args)?);
     let report = ProbeReport::new(&topology, &CostModel::default());
+    if let Some(path) = &args.html {
+        let page = render_html(
+            &report,
+            &args.sysfs_root.display().to_string(),
+            &monitor_events(args.events.as_deref())?,
+        );
+        std::fs::write(path, page)
+            .with_context(|| format!("writing the HTML report to {}", path.display()))?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -109,6 +124,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The events of a `pcieipc monitor --json` file; none without one.
+fn monitor_events(path: Option<&std::path::Path>) -> anyhow::Result<Vec<MonitorEvent>> {
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading events from {}", path.display()))?;
+    parse_monitor_lines(&text).with_context(|| format!("events in {}", path.display()))
 }
 
 /// NVLink from recorded answers, or from the driver when probing this

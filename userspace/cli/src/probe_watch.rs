@@ -11,9 +11,10 @@ use anyhow::Context;
 use pcieipc::probe::watch::WindowedHealth;
 use pcieipc::probe::{
     Change, DeviceChange, HealthBasis, HealthModel, LinkSample, LinkState, Sample, Topology, Watch,
+    AER_NOT_REPORTED,
 };
 
-use crate::cmd_probe::{health_text, speed_text, AER_NOT_REPORTED};
+use crate::cmd_probe::{health_text, speed_text};
 
 pub struct WatchOptions {
     pub interval: Duration,

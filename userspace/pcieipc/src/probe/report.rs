@@ -20,6 +20,9 @@ use crate::plan::{best_ring, bus_id_order_ring, pair_matrix, CostModel, Ring, Ri
 /// class in `pcie_class`, and health says what it rests on.
 pub const SCHEMA_VERSION: u32 = 2;
 
+/// The probe's line where the kernel shows no AER counters.
+pub const AER_NOT_REPORTED: &str = "AER: not reported by this kernel/VM (no aer_dev_* files)";
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProbeReport {
     pub schema_version: u32,
