@@ -13,9 +13,25 @@ fn pcieipc() -> Command {
 }
 
 /// Ring sizes (64 KiB and 1 MiB: the ring's send, reduce and copy steps)
-/// and a one-shot size (8 B), 2 ranks.
-const BENCH: [&str; 14] = [
-    "bench", "--nranks", "2", "-b", "8", "-e", "1M", "-f", "128", "-n", "3", "-w", "1", "-c1",
+/// and a one-shot size (8 B), 2 ranks that sleep at once when they wait
+/// (so the trace has sleeps and the wakes that end them).
+const BENCH: [&str; 16] = [
+    "bench",
+    "--spin-us",
+    "0",
+    "--nranks",
+    "2",
+    "-b",
+    "8",
+    "-e",
+    "1M",
+    "-f",
+    "128",
+    "-n",
+    "3",
+    "-w",
+    "1",
+    "-c1",
 ];
 
 struct Span {
@@ -72,6 +88,12 @@ fn check_trace(file: &Path) {
         assert!(
             calls.iter().any(|call| call.name == "all_reduce"),
             "rank {rank} has all_reduce calls"
+        );
+        assert!(
+            events.iter().any(|event| event["pid"] == rank
+                && event["ph"] == "i"
+                && event["name"] == "futex wake"),
+            "rank {rank} woke its peer at least once"
         );
         for name in ["send", "reduce", "copy"] {
             assert!(

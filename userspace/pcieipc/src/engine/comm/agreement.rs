@@ -82,6 +82,10 @@ impl Communicator {
 
     pub(crate) fn end(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
         if let (Some(trace), Some(call)) = (&self.trace, &self.current_call) {
+            // The peers this call woke, at the times the stores woke them.
+            for at in self.transport.take_wakes() {
+                trace.instant(self.transport.wake_name(), "wake", at, Vec::new());
+            }
             trace.end_call(
                 call.kind.name(),
                 vec![

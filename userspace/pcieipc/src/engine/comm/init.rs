@@ -67,7 +67,10 @@ impl Communicator {
             .clone()
             .or_else(|| std::env::var_os(TRACE_ENV).map(std::path::PathBuf::from))
             .map(|prefix| crate::trace::rank_file(&prefix, rank));
-        let transport = options.transport.open(&setup)?;
+        let mut transport = options.transport.open(&setup)?;
+        if trace_file.is_some() {
+            transport.log_wakes();
+        }
         let link = transport.device_link().or(options.link);
         // Rank 0's choice: the windows were sized with it.
         let in_flight = transport.sizes().raw_slots - 1;

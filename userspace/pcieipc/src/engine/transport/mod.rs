@@ -135,6 +135,15 @@ pub trait Transport: Send {
     /// What `sleep` waits in, as a trace names it.
     fn sleep_name(&self) -> &'static str;
 
+    /// From now on, note when a store wakes a sleeping peer (tracing).
+    fn log_wakes(&mut self);
+
+    /// The wakes noted since the last call (CLOCK_MONOTONIC ns).
+    fn take_wakes(&self) -> Vec<u64>;
+
+    /// How a store wakes a sleeper, as a trace names it.
+    fn wake_name(&self) -> &'static str;
+
     /// The peers whose processes have exited, with their pids.
     fn dead_peers(&self) -> Vec<(usize, u32)>;
     /// Every rank's pid (the kernel's, from the rendezvous).

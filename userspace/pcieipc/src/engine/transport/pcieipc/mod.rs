@@ -104,6 +104,7 @@ impl PcieipcTransport {
             let _ = doorbells
                 .device
                 .ring(doorbells.mine.index, peer_id as u16, VECTOR);
+            self.note_wake();
         }
     }
 }
@@ -111,6 +112,7 @@ impl PcieipcTransport {
 impl Signalling for Doorbells {
     const NAME: &'static str = REGISTERED.name;
     const SLEEP_NAME: &'static str = "MSI-X WAIT";
+    const WAKE_NAME: &'static str = "doorbell";
     const CAPABILITIES: Capabilities = Capabilities {
         peer_reads: false,
         link_events: true,

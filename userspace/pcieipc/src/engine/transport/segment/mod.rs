@@ -9,6 +9,7 @@ mod layout;
 mod peers;
 mod region;
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub(crate) trait Signalling: Sized + Send {
     const CAPABILITIES: Capabilities;
     /// What `sleep` waits in, as a trace names it.
     const SLEEP_NAME: &'static str;
+    /// How a store wakes a sleeper, as a trace names it.
+    const WAKE_NAME: &'static str;
 
     /// Sets `owner`'s `signal` and wakes whoever sleeps on it.
     fn store(transport: &SegmentTransport<Self>, owner: usize, signal: Signal, value: u32);
@@ -94,6 +97,9 @@ pub(crate) struct SegmentTransport<S> {
     pub(crate) segment: Segment,
     pub(crate) signalling: S,
     peers: PeerWatch,
+    /// When this rank woke sleeping peers (CLOCK_MONOTONIC ns), kept only
+    /// while the communicator traces (`log_wakes`).
+    wakes: RefCell<Option<Vec<u64>>>,
 }
 
 // SAFETY: the mapping is process-wide and every shared field is accessed through
@@ -108,6 +114,15 @@ impl<S: Signalling> SegmentTransport<S> {
             segment,
             signalling,
             peers: PeerWatch::default(),
+            wakes: RefCell::new(None),
+        }
+    }
+
+    /// Notes that a store just woke a sleeping peer (a doorbell, a futex
+    /// wake), when wakes are logged.
+    pub(crate) fn note_wake(&self) {
+        if let Some(wakes) = self.wakes.borrow_mut().as_mut() {
+            wakes.push(crate::trace::monotonic_ns());
         }
     }
 
@@ -157,6 +172,22 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
 
     fn sleep(&self, owner: usize, signal: Signal, observed: u32, slice: Duration) {
         S::sleep(self, owner, signal, observed, slice);
+    }
+
+    fn log_wakes(&mut self) {
+        *self.wakes.get_mut() = Some(Vec::new());
+    }
+
+    fn take_wakes(&self) -> Vec<u64> {
+        self.wakes
+            .borrow_mut()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn wake_name(&self) -> &'static str {
+        S::WAKE_NAME
     }
 
     fn sleep_name(&self) -> &'static str {

@@ -233,6 +233,7 @@ fn futex_wake_all(word: &AtomicU32) {
 impl Signalling for Futexes {
     const NAME: &'static str = REGISTERED.name;
     const SLEEP_NAME: &'static str = "futex sleep";
+    const WAKE_NAME: &'static str = "futex wake";
     const CAPABILITIES: Capabilities = Capabilities {
         peer_reads: true,
         link_events: false,
@@ -268,6 +269,7 @@ impl Signalling for Futexes {
         counter.value.store(value, Ordering::SeqCst);
         if counter.waiters.load(Ordering::SeqCst) != 0 {
             futex_wake_all(&counter.value);
+            transport.note_wake();
         }
     }
 
