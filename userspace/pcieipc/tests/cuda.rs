@@ -1196,3 +1196,67 @@ fn traced_calls_have_kernel_spans_and_gpu_waits() {
         traced_calls,
     );
 }
+
+/// Ranks that make different calls on the GPU hand-off are told so at
+/// once, with both calls, not left to wait out the timeout: through device
+/// memory and through host memory.
+fn mismatched_calls_handed_off(role: Role) {
+    let timeout = Duration::from_secs(20);
+    for (name, options) in [
+        (
+            "device",
+            handoff_options as fn(AlgorithmChoice) -> CudaOptions,
+        ),
+        ("host", host_memory_options),
+    ] {
+        let mut comm = join_handed_off(
+            &role,
+            &format!("h-mismatch-{name}"),
+            CudaOptions {
+                handoff_timeout: timeout,
+                ..options(AlgorithmChoice::Auto)
+            },
+        );
+        let gpu = comm.gpu().clone();
+        let count = 1000 + role.rank;
+        let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+        let started = Instant::now();
+        match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+            Err(EngineError::MismatchedCall {
+                rank,
+                call,
+                peer,
+                peer_call,
+            }) => {
+                assert_eq!((rank, peer), (role.rank, 1 - role.rank), "{name}");
+                assert_eq!(call.count, count as u64, "{name}: our call");
+                assert_eq!(peer_call.count, (1000 + 1 - role.rank) as u64, "{name}");
+            }
+            other => panic!(
+                "rank {} ({name}): expected a mismatch, got {other:?}",
+                role.rank
+            ),
+        }
+        assert!(
+            started.elapsed() < timeout / 4,
+            "rank {} ({name}): the mismatch took {:?}",
+            role.rank,
+            started.elapsed()
+        );
+        // Every later call is refused with the same error.
+        assert!(matches!(
+            comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum),
+            Err(EngineError::MismatchedCall { .. })
+        ));
+    }
+}
+
+#[test]
+fn gpu_handoff_mismatched_calls_are_named_at_once() {
+    run_ranks(
+        "gpu_handoff_mismatched_calls_are_named_at_once",
+        2,
+        LIMIT,
+        mismatched_calls_handed_off,
+    );
+}

@@ -254,69 +254,103 @@ impl Gpu {
     }
 }
 
-/// One 32-bit word of pinned host memory that the GPU can write (mapped into
-/// the device's address space) and the host reads without a copy.
-pub(crate) struct HostWord {
+/// What the hand-off kernels report a failure in: pinned host memory the
+/// GPU writes (mapped into the device's address space) and the host reads
+/// without a copy. `word` is 0 or the failure; for a mismatched call,
+/// `calls` holds the peer's call and this rank's (two words each) and is
+/// written before `word`.
+#[repr(C)]
+struct Report {
+    word: u32,
+    _pad: u32,
+    calls: [u64; 4],
+}
+
+pub(crate) struct FailureReport {
     gpu: Arc<Gpu>,
-    host: *mut u32,
+    host: *mut Report,
     device: u64,
 }
 
-// SAFETY: the word is process-wide pinned memory that the host touches only
-// through volatile reads and writes of the whole word (`read`, `raise`); the
-// GPU writes it too, and any non-zero value it holds is a valid failure.
-unsafe impl Send for HostWord {}
+// SAFETY: the report is process-wide pinned memory that the host touches only
+// through volatile reads and writes of whole words (`read`, `raise`,
+// `calls`); the GPU writes it too, and any value it holds is valid.
+unsafe impl Send for FailureReport {}
 // SAFETY: as above.
-unsafe impl Sync for HostWord {}
+unsafe impl Sync for FailureReport {}
 
-impl HostWord {
-    /// A zeroed word.
-    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<HostWord, CudaError> {
+impl FailureReport {
+    /// A zeroed report.
+    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<FailureReport, CudaError> {
         gpu.bind()?;
-        // SAFETY: 4 bytes of pinned memory, mapped into every context
-        // (DEVICEMAP, PORTABLE).
+        // SAFETY: a report's bytes of pinned memory, mapped into every
+        // context (DEVICEMAP, PORTABLE).
         let host = unsafe {
             result::malloc_host(
-                std::mem::size_of::<u32>(),
+                std::mem::size_of::<Report>(),
                 sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
             )
         }
-        .map_err(gpu.driver("allocating a host-mapped word"))?
-        .cast::<u32>();
-        // SAFETY: `host` is 4 fresh, writable, aligned bytes.
-        unsafe { host.write_volatile(0) };
+        .map_err(gpu.driver("allocating the host-mapped failure report"))?
+        .cast::<Report>();
+        // SAFETY: `host` is fresh, writable memory aligned for any type
+        // (cuMemHostAlloc returns page-aligned memory).
+        unsafe {
+            host.write_volatile(Report {
+                word: 0,
+                _pad: 0,
+                calls: [0; 4],
+            })
+        };
         let mut device = 0;
         // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP.
         let mapped =
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result();
-        let word = HostWord {
+        let report = FailureReport {
             gpu: gpu.clone(),
             host,
             device,
         };
-        mapped.map_err(gpu.driver("mapping a host word into the GPU"))?;
-        Ok(word)
+        mapped.map_err(gpu.driver("mapping the failure report into the GPU"))?;
+        Ok(report)
     }
 
-    /// The word's address on the GPU.
+    /// The failure word's address on the GPU.
     pub(crate) fn device_address(&self) -> u64 {
         self.device
+    }
+
+    /// The calls' address on the GPU.
+    pub(crate) fn calls_device_address(&self) -> u64 {
+        self.device + std::mem::offset_of!(Report, calls) as u64
     }
 
     /// Sets the word from the host (a failure the kernels then see).
     pub(crate) fn raise(&self, word: u32) {
         // SAFETY: as in `read`; a whole-word volatile store.
-        unsafe { self.host.write_volatile(word) };
+        unsafe { (&raw mut (*self.host).word).write_volatile(word) };
     }
 
     pub(crate) fn read(&self) -> u32 {
         // SAFETY: `host` is live pinned memory (freed only in drop) that the
         // GPU may write at any time: read it volatile.
-        unsafe { self.host.read_volatile() }
+        unsafe { (&raw const (*self.host).word).read_volatile() }
+    }
+
+    /// The mismatched calls (the peer's, then this rank's), once `read`
+    /// has returned a mismatch: the kernel writes them before the word.
+    pub(crate) fn calls(&self) -> [u64; 4] {
+        // SAFETY: as in `read`; whole aligned words.
+        std::array::from_fn(|i| unsafe {
+            (&raw const (*self.host).calls)
+                .cast::<u64>()
+                .add(i)
+                .read_volatile()
+        })
     }
 }
 
-impl Drop for HostWord {
+impl Drop for FailureReport {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {
             // Queued work may still write it: drain it first.

@@ -25,6 +25,8 @@
 //! Every wait is bounded: a block that sees no flag within the timeout
 //! writes what it waited for into a host-mapped error word and ends the
 //! kernel; the communicator then refuses every later call with that error.
+//! Every flag carries the call it was raised for, so ranks that call
+//! differently are told so at once, with both calls.
 //! The kernels spin on each other, so the grid is small enough to be
 //! resident on every GPU, and ranks sharing one GPU do not use this path by
 //! default (time-sliced contexts make every hand-off wait for a time slice).
@@ -37,7 +39,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::communicator::{on_rank, CudaCommunicator};
-use super::gpu::{CudaError, DeviceBuffer, Gpu, HostRegistration, HostWord};
+use super::gpu::{CudaError, DeviceBuffer, FailureReport, Gpu, HostRegistration};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::kernels::{
     ExchangeArg, HandoffKernel, HandoffLaunch, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES,
@@ -77,15 +79,33 @@ impl Handoff {
 }
 
 /// The error word's failures: `kind << 16 | detail << 8 | peer`. Kernels
-/// write TIMED_OUT (detail: the phase waited in); the watchdog writes
-/// PEER_EXITED.
+/// write TIMED_OUT (detail: the phase waited in) and MISMATCHED (the peer's
+/// flag came with another call: the calls are in the report); the watchdog
+/// writes PEER_EXITED.
 const TIMED_OUT: u32 = 1;
 const PEER_EXITED: u32 = 2;
+const MISMATCHED: u32 = 3;
 
-/// What the error word says, as the engine's error.
-fn failure(word: u32, rank: usize, timeout: Duration, pids: &[u32]) -> EngineError {
+/// What the report says, as the engine's error.
+fn failure(report: &FailureReport, rank: usize, timeout: Duration, pids: &[u32]) -> EngineError {
+    let word = report.read();
     let peer = (word & 0xff) as usize;
     match word >> 16 {
+        MISMATCHED => {
+            let [theirs_head, theirs_count, ours_head, ours_count] = report.calls();
+            match (
+                CallDescriptor::from_words([ours_head, ours_count, 0]),
+                CallDescriptor::from_words([theirs_head, theirs_count, 0]),
+            ) {
+                (Some(call), Some(peer_call)) => EngineError::MismatchedCall {
+                    rank,
+                    call,
+                    peer,
+                    peer_call,
+                },
+                _ => EngineError::PeerGpuFailed { rank: peer },
+            }
+        }
         TIMED_OUT => EngineError::PeerUnresponsive {
             rank: peer,
             waited: timeout,
@@ -108,7 +128,7 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn start(watch: PeerWatch, error: Arc<HostWord>) -> std::io::Result<Watchdog> {
+    fn start(watch: PeerWatch, error: Arc<FailureReport>) -> std::io::Result<Watchdog> {
         let stop = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC)?;
         let wake = stop.as_fd().try_clone_to_owned()?;
         let thread = std::thread::Builder::new()
@@ -204,7 +224,7 @@ pub(super) struct Exchange {
     /// The grid of every launch (rank 0's choice: the flags are per block).
     blocks: u32,
     timeout: Duration,
-    error: Arc<HostWord>,
+    error: Arc<FailureReport>,
     /// Every rank's pid, to name a peer that exited.
     pids: Vec<u32>,
     _watchdog: Watchdog,
@@ -253,7 +273,7 @@ impl CudaCommunicator {
             ExchangeMemory::Host => self.open_host_blocks(bytes)?,
         };
         let epochs = DeviceBuffer::<i64>::zeroed(&self.gpu, HANDOFF_BLOCKS).map_err(&err)?;
-        let error = Arc::new(HostWord::new(&self.gpu).map_err(&err)?);
+        let error = Arc::new(FailureReport::new(&self.gpu).map_err(&err)?);
         let ordering = self.gpu.new_event().map_err(&err)?;
         let pids = self.control.pids();
         let watch = PeerWatch::open(self.rank, pids.clone()).map_err(EngineError::from)?;
@@ -334,7 +354,12 @@ impl CudaCommunicator {
         let exchange = self.exchange.as_ref()?;
         match exchange.error.read() {
             0 => None,
-            word => Some(failure(word, self.rank, exchange.timeout, &exchange.pids)),
+            _ => Some(failure(
+                &exchange.error,
+                self.rank,
+                exchange.timeout,
+                &exchange.pids,
+            )),
         }
     }
 
@@ -607,7 +632,7 @@ impl CudaCommunicator {
         stream: &Arc<CudaStream>,
     ) -> Result<(), EngineError> {
         let err = on_rank(self.rank);
-        self.last_call = Some(CallDescriptor {
+        let descriptor = CallDescriptor {
             kind: call.kind,
             dtype: call.dtype,
             op: (call.kind == CallKind::AllReduce || call.kind == CallKind::ReduceScatter)
@@ -616,7 +641,9 @@ impl CudaCommunicator {
             root: call.root as u32,
             algorithm,
             chunk_bytes: 0,
-        });
+        };
+        self.last_call = Some(descriptor);
+        let [call_head, call_count, _] = descriptor.to_words();
         if call.count == 0 {
             return Ok(());
         }
@@ -643,6 +670,8 @@ impl CudaCommunicator {
             timeout_ns: exchange.timeout.as_nanos() as u64,
             error: exchange.error.device_address(),
             epochs: exchange.epochs.address(),
+            call: [call_head, call_count],
+            calls: exchange.error.calls_device_address(),
         };
         let blocks = exchange.blocks;
         let traced = match &mut self.kernel_spans {

@@ -123,7 +123,9 @@ extern "C" __global__ void one_shot(S* dst, const S* p0, const S* p1, const S* p
 // let launch k+1 run while a slow peer still reads launch k.
 #define HMAX 8
 #define HBLOCKS 64
-#define HEADER_BYTES (2 * 2 * HMAX * HBLOCKS * 8)
+#define FLAG_BYTES (2 * 2 * HMAX * HBLOCKS * 8)
+// After the flags, the call each flag came with: two words per flag.
+#define HEADER_BYTES (FLAG_BYTES * 3)
 // Vectors a thread loads before it stores any: through host memory every
 // load is a PCIe round trip, so the loads in flight set the bandwidth.
 #define UNROLL 4
@@ -140,6 +142,10 @@ __device__ __forceinline__ u64 load_acquire(const u64* flag) {
 __device__ __forceinline__ u64* flag_at(u64 block_base, unsigned phase, unsigned parity, unsigned sender, unsigned block) {
     return (u64*)(block_base) + ((phase * 2 + parity) * HMAX + sender) * HBLOCKS + block;
 }
+// The call a flag came with (two words), written before the flag.
+__device__ __forceinline__ u64* call_at(u64 block_base, unsigned phase, unsigned parity, unsigned sender, unsigned block) {
+    return (u64*)(block_base + FLAG_BYTES) + (((phase * 2 + parity) * HMAX + sender) * HBLOCKS + block) * 2;
+}
 
 struct Exchange {
     u64 base[HMAX];      // each rank's exchange block as mapped here (own included)
@@ -148,6 +154,8 @@ struct Exchange {
     u64 timeout_ns;
     volatile unsigned* error;  // host-mapped: 0, or what failed (handoff.rs)
     volatile u64* epochs;      // [HBLOCKS] launch counters, this rank's device memory
+    u64 call[2];               // this call's descriptor, carried by every flag
+    volatile u64* calls;       // host-mapped: a mismatch's calls, the peer's then ours
 };
 
 // This block's epoch for this launch: its counter plus one (thread 0 reads
@@ -206,6 +214,9 @@ __device__ __forceinline__ void copy_share(char* dst, const char* src, u64 start
 __device__ __forceinline__ void signal(const Exchange& x, u64 epoch, unsigned at, unsigned phase) {
     __syncthreads();
     if (threadIdx.x == 0) {
+        volatile u64* call = call_at(x.base[at], phase, epoch & 1, x.rank, blockIdx.x);
+        call[0] = x.call[0];
+        call[1] = x.call[1];
         __threadfence_system();
         store_release(flag_at(x.base[at], phase, epoch & 1, x.rank, blockIdx.x), epoch);
     }
@@ -213,7 +224,10 @@ __device__ __forceinline__ void signal(const Exchange& x, u64 epoch, unsigned at
 
 // Thread 0: waits until `peer` raised this block's flag of `phase` here;
 // false (the error word set, unless another block set it first) when it has
-// not within the timeout.
+// not within the timeout, or raised it for another call than ours (the
+// peer's flag slot of this parity cannot hold a later launch's: a peer
+// starts launch k + 2 only after our flags of k + 1, raised once this
+// launch has ended).
 __device__ bool await_one(const Exchange& x, u64 epoch, unsigned phase, unsigned peer) {
     u64 started = globaltimer();
     const u64* flag = flag_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
@@ -227,6 +241,20 @@ __device__ bool await_one(const Exchange& x, u64 epoch, unsigned phase, unsigned
             return false;
         }
         __nanosleep(64);
+    }
+    // Ordered after the flag by its acquire load.
+    const volatile u64* call = call_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
+    u64 head = call[0], count = call[1];
+    if (head != x.call[0] || count != x.call[1]) {
+        // Blocks that find the same mismatch write the same words.
+        x.calls[0] = head;
+        x.calls[1] = count;
+        x.calls[2] = x.call[0];
+        x.calls[3] = x.call[1];
+        __threadfence_system();
+        *x.error = 0x30000u | (phase << 8) | peer;
+        __threadfence_system();
+        return false;
     }
     return true;
 }
@@ -505,8 +533,9 @@ fn architecture(capability: (i32, i32)) -> Option<&'static str> {
 
 /// Blocks of a hand-off launch, at most (`HBLOCKS`: the flags are per block).
 pub(crate) const HANDOFF_BLOCKS: usize = 64;
-/// Bytes of the flags at the start of an exchange block (`HEADER_BYTES`).
-pub(crate) const HANDOFF_HEADER_BYTES: usize = 2 * 2 * HANDOFF_MAX_RANKS * HANDOFF_BLOCKS * 8;
+/// Bytes of the flags and the calls they carry at the start of an exchange
+/// block (`HEADER_BYTES`).
+pub(crate) const HANDOFF_HEADER_BYTES: usize = 2 * 2 * HANDOFF_MAX_RANKS * HANDOFF_BLOCKS * 8 * 3;
 const HANDOFF_THREADS: u32 = 512;
 
 /// `struct Exchange` of the hand-off kernels, passed by value.
@@ -521,6 +550,11 @@ pub(crate) struct ExchangeArg {
     pub(crate) error: u64,
     /// `HANDOFF_BLOCKS` launch counters in this rank's device memory.
     pub(crate) epochs: u64,
+    /// This call's descriptor (`CallDescriptor::to_words`, chunk left out),
+    /// which every signal carries to the peer and every wait checks.
+    pub(crate) call: [u64; 2],
+    /// Where a kernel that met another call writes both (host-mapped).
+    pub(crate) calls: u64,
 }
 
 // SAFETY: `repr(C)` plain data laid out as the kernels' `struct Exchange`
