@@ -49,6 +49,7 @@ ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
 engine-aer.toml engine-aer.sh
 engine-aer.toml engine-tracefs.sh
+engine-aer.toml engine-fatal.sh
 LIST
 
 # Progress, one line as each step starts and one as it ends, on stderr:
