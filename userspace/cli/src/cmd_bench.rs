@@ -761,10 +761,11 @@ fn sweep<C: Collective, T: BenchElement>(
     progress.finish_and_clear();
     // Each rank's own: the faults on its device link and what each cost it
     // (docs/fault-path.md, the AER action matrix). On stderr, as the
-    // table's stdout is rank 0's alone.
+    // table's stdout is rank 0's alone; one write per line, so that a line
+    // is not cut by rank 0's table in a shared log.
     let rank = comm.rank();
     for fault in comm.host().faults() {
-        eprintln!("# rank {rank} fault {fault}");
+        crate::eprint_line(&format!("# rank {rank} fault {fault}"));
     }
     let avg_busbw = busbw_sum / (2 * sizes.len()) as f64;
     if leader {

@@ -168,9 +168,9 @@ impl fmt::Display for FaultBits {
 /// A fault one rank acted on, and what it cost that rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FaultRecord {
-    /// The communicator's call count when it acted: between calls
-    /// `before_call - 1` and `before_call`.
-    pub before_call: u64,
+    /// The call during which (`in_call`) or before which the rank acted.
+    pub call: u64,
+    pub in_call: bool,
     pub bdf: String,
     pub bits: FaultBits,
     pub device_gone: bool,
@@ -182,14 +182,11 @@ pub struct FaultRecord {
 }
 
 impl fmt::Display for FaultRecord {
-    /// `before call 12: 0000:00:11.0 Bad TLP [6] correctable: smaller chunk,
+    /// `in call 12: 0000:00:11.0 Bad TLP [6] correctable: smaller chunk,
     /// stall 4 us`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "before call {}: {} {}",
-            self.before_call, self.bdf, self.bits
-        )?;
+        let when = if self.in_call { "in" } else { "before" };
+        write!(f, "{when} call {}: {} {}", self.call, self.bdf, self.bits)?;
         if self.device_gone {
             f.write_str(", device gone")?;
         }

@@ -124,12 +124,13 @@ impl Communicator {
     }
 
     /// Publishes the device link's changes since the last poll, where the
-    /// transport follows one, and takes the action the AER matrix gives each
+    /// transport follows one (at most every `LINK_EVENTS_PERIOD`: at each
+    /// call's start and at each step that sends a chunk), and takes the action the AER matrix gives each
     /// fault reported on it (`fault_policy`): nothing more than the link's
     /// smaller chunk for a correctable error, a wait for the kernel's
     /// recovery for a non-fatal one, and the communicator's failure, named
     /// for every rank, for a fatal one, a surprise down or a device gone.
-    fn follow_link_events(&mut self) -> Result<(), EngineError> {
+    pub(crate) fn follow_link_events(&mut self) -> Result<(), EngineError> {
         if !self.transport.capabilities().link_events
             || self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD
         {
@@ -169,7 +170,8 @@ impl Communicator {
             action = FaultAction::Fail;
         }
         let record = FaultRecord {
-            before_call: self.calls,
+            call: self.calls,
+            in_call: self.current_call.is_some(),
             bits: FaultBits::of(&fault.errors),
             device_gone: fault.device_gone,
             action,
