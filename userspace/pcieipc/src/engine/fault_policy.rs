@@ -166,7 +166,7 @@ impl fmt::Display for FaultBits {
 }
 
 /// A fault one rank acted on, and what it cost that rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct FaultRecord {
     /// The call during which (`in_call`) or before which the rank acted.
     pub call: u64,
@@ -177,6 +177,9 @@ pub struct FaultRecord {
     pub action: FaultAction,
     /// How the kernel's recovery ended, where the action waited for it.
     pub recovery: Option<Recovery>,
+    /// The link's facts after the opt-in retrain of a link left degraded
+    /// (`CommOptions::retrain_degraded`), where it ran.
+    pub retrained: Option<crate::engine::chunk::LinkFacts>,
     /// How long the rank spent on it before going on (or failing).
     pub stall: std::time::Duration,
 }
@@ -193,6 +196,9 @@ impl fmt::Display for FaultRecord {
         write!(f, ": {}", self.action.name())?;
         if let Some(recovery) = self.recovery {
             write!(f, ", recovery {recovery}")?;
+        }
+        if let Some(link) = self.retrained {
+            write!(f, ", retrained: {} GT/s x{}", link.speed_gt_s, link.width)?;
         }
         write!(f, ", stall {} us", self.stall.as_micros())
     }

@@ -138,9 +138,6 @@ impl Communicator {
         }
         self.link_events_polled = Instant::now();
         let poll = self.transport.poll_link();
-        for fault in poll.faults {
-            self.act_on(fault)?;
-        }
         if let Some(link) = poll.facts {
             if let Some(trace) = &self.trace {
                 trace.instant(
@@ -151,6 +148,11 @@ impl Communicator {
                 );
             }
             self.set_link(Some(link));
+        }
+        // After the facts the poll read: acting on a fault may change them
+        // again (a retrain).
+        for fault in poll.faults {
+            self.act_on(fault)?;
         }
         Ok(())
     }
@@ -169,6 +171,12 @@ impl Communicator {
         if recovery.is_some_and(|recovery| recovery != Recovery::Recovered) {
             action = FaultAction::Fail;
         }
+        let retrained = (action == FaultAction::AwaitRecovery && self.options.retrain_degraded)
+            .then(|| self.transport.retrain_degraded_link())
+            .flatten();
+        if let Some(link) = retrained {
+            self.set_link(Some(link));
+        }
         let record = FaultRecord {
             call: self.calls,
             in_call: self.current_call.is_some(),
@@ -176,6 +184,7 @@ impl Communicator {
             device_gone: fault.device_gone,
             action,
             recovery,
+            retrained,
             stall: started.elapsed(),
             bdf: fault.bdf,
         };

@@ -213,6 +213,11 @@ pub trait Transport: Send {
     fn poll_link(&mut self) -> LinkPoll {
         LinkPoll::default()
     }
+    /// Retrains the device link if it reads degraded and returns its facts
+    /// after; `None` when it is not degraded or the transport follows none.
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
+        None
+    }
     /// Waits at most `bound` for the kernel's recovery of the device from
     /// the last fault `poll_link` reported to end. A transport that follows
     /// no device reports no fault, and sees no recovery.

@@ -188,6 +188,10 @@ impl Signalling for Doorbells {
             .map_or_else(LinkPoll::default, LinkEvents::poll)
     }
 
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
+        self.link_events.as_mut()?.retrain_degraded()
+    }
+
     fn await_recovery(&mut self, bound: Duration) -> Recovery {
         match self.link_events.as_mut() {
             Some(link_events) => link_events.await_recovery(bound),

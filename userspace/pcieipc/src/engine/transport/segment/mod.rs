@@ -88,6 +88,11 @@ pub(crate) trait Signalling: Sized + Send {
         LinkPoll::default()
     }
 
+    /// `Transport::retrain_degraded_link`.
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
+        None
+    }
+
     /// `Transport::await_recovery`.
     fn await_recovery(&mut self, _bound: Duration) -> Recovery {
         Recovery::Unfinished { waited_ms: 0 }
@@ -292,6 +297,10 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
 
     fn await_recovery(&mut self, bound: Duration) -> Recovery {
         self.signalling.await_recovery(bound)
+    }
+
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
+        self.signalling.retrain_degraded_link()
     }
 
     fn abort(&self, failure: Failure) -> Failure {
