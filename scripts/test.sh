@@ -49,6 +49,8 @@ ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
 engine-aer.toml engine-aer.sh
 engine-aer.toml engine-tracefs.sh
+engine-aer.toml engine-fatal.sh
+engine-aer.toml engine-retrain.sh
 LIST
 
 # Progress, one line as each step starts and one as it ends, on stderr:

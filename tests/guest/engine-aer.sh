@@ -40,6 +40,18 @@ aer_on_rank_1_link() {
 }
 check "AER error on rank 1's link mid-sweep: rank 0 moves both ranks from 1 MiB to 256 KiB chunks, exact" \
     aer_on_rank_1_link
+# The AER action matrix (docs/fault-path.md): a non-fatal error stops the
+# rank before its next call until the kernel's recovery ends (resume); the
+# stall is that wait, measured by the rank.
+non_fatal_action() {
+    grep "^# rank" /tmp/aer.out
+    grep -q "^# rank 1 fault [a-z]* call [0-9]*: 0000:02:00.0 Completion Timeout \[14\] non-fatal: await recovery, recovery recovered (resume), stall [0-9]* us$" /tmp/aer.out &&
+        [ "$(grep -c "^# rank .* fault " /tmp/aer.out)" = 1 ] &&
+        stall_us=$(sed -n 's/^# rank 1 fault .*, stall \([0-9]*\) us$/\1/p' /tmp/aer.out) &&
+        [ "$stall_us" -lt 10000000 ]
+}
+check "the non-fatal error's action: rank 1 alone awaited the kernel's recovery (resume), then went on" non_fatal_action
+grep "^# rank" /tmp/aer.out
 check "the AER event names ivs1 (02:00.0), from rp2" sh -c '
     pcieipc monitor --no-wait --json | grep "\"aer_step\":\"error_detected\"" |
         grep "\"bdf\":\"0000:02:00.0\"" | grep -q "\"aer_source\":\"0000:00:11.0\""'

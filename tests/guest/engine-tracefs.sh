@@ -31,6 +31,25 @@ check "without PCIEIPC_LINK_TRACEFS: the correctable error on rank 1's port goes
 check "the module had no AER event for it" [ "$(pcieipc monitor --no-wait --json | grep -c '"kind":"aer"')" = 0 ]
 with() { export PCIEIPC_LINK_TRACEFS=1; sweep_with_error /tmp/with.out && chunks /tmp/with.out 1048576 262144; }
 check "with PCIEIPC_LINK_TRACEFS=1: rank 1 sees it through ras:aer_event, both ranks move from 1 MiB to 256 KiB chunks, exact" with
+# The AER action matrix (docs/fault-path.md): a correctable error costs the
+# calls nothing but the smaller chunk. Rank 1 acted on it between two calls,
+# the call in flight untouched, and its stall (the time it spent on the
+# fault before its next call) is bookkeeping: under a millisecond.
+correctable_stall() {
+    grep "^# rank" /tmp/with.out
+    grep -q "^# rank 1 fault [a-z]* call [0-9]*: 0000:00:11.0 Bad TLP \[6\] correctable: smaller chunk, stall [0-9]* us$" /tmp/with.out &&
+        [ "$(grep -c "^# rank .* fault " /tmp/with.out)" = 1 ] &&
+        stall_us=$(sed -n 's/^# rank 1 fault .*, stall \([0-9]*\) us$/\1/p' /tmp/with.out) &&
+        [ "$stall_us" -lt 1000 ]
+}
+check "the correctable error's action: rank 1 alone, smaller chunk, a stall under 1 ms" correctable_stall
+grep "^# rank" /tmp/with.out
+# The rows' times without and with the error (us, out-of-place and in-place):
+# the error's row is not held up by a wait.
+paste /tmp/without.out /tmp/with.out | awk -F'\t' '$1 !~ /^#/ && $2 !~ /^#/ {
+    split($1, a, " "); split($2, b, " ")
+    if (length(a) == 14 && length(b) == 14)
+        printf "%9d B: without %9.2f %9.2f, with %9.2f %9.2f\n", a[1], a[6], a[10], b[6], b[10] }'
 check "the ranks removed their tracing instances" [ -z "$(ls /sys/kernel/tracing/instances)" ]
 check "a job asking for tracefs where there is none fails, naming the variable and the path" sh -c '
     ! PCIEIPC_LINK_TRACEFS=/nonexistent pcieipc bench --transport pcieipc --nranks 2 -b 1M -e 1M -n 1 -w 0 > /tmp/bad.out 2>&1 &&

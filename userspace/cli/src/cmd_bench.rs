@@ -156,6 +156,11 @@ pub struct Args {
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
     late_peer_ms: Option<u64>,
+    /// pcieipc: after the kernel recovered a rank's device from a non-fatal
+    /// AER error, retrain its link where it reads degraded; the next calls'
+    /// chunk follows the speed it trains to (docs/fault-path.md).
+    #[arg(long)]
+    retrain_degraded: bool,
     /// shm: the PCI function whose path to its host bridge the ranks' data
     /// crosses, comma-separated per rank (one serves all). Each rank's chunk
     /// then follows that path's bottleneck link and health as the probe sees
@@ -293,6 +298,7 @@ fn options(args: &Args, rank: usize) -> anyhow::Result<CommOptions> {
         one_shot_read_budget: args.one_shot_bytes.unwrap_or(defaults.one_shot_read_budget),
         spin: args.spin_us.map_or(defaults.spin, Duration::from_micros),
         single_copy: args.single_copy == "auto",
+        retrain_degraded: args.retrain_degraded,
         secret,
         ..defaults
     })
@@ -759,6 +765,14 @@ fn sweep<C: Collective, T: BenchElement>(
         progress.inc(1);
     }
     progress.finish_and_clear();
+    // Each rank's own: the faults on its device link and what each cost it
+    // (docs/fault-path.md, the AER action matrix). On stderr, as the
+    // table's stdout is rank 0's alone; one write per line, so that a line
+    // is not cut by rank 0's table in a shared log.
+    let rank = comm.rank();
+    for fault in comm.host().faults() {
+        crate::eprint_line(&format!("# rank {rank} fault {fault}"));
+    }
     let avg_busbw = busbw_sum / (2 * sizes.len()) as f64;
     if leader {
         if args.json {

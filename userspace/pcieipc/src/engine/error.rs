@@ -192,6 +192,17 @@ pub enum EngineError {
         reason: &'static str,
     },
 
+    #[error(
+        "rank {rank}: device {device} reported {bits}; the kernel's recovery: {recovery} \
+         (docs/fault-path.md, the AER action matrix)"
+    )]
+    DeviceFault {
+        rank: usize,
+        device: String,
+        bits: super::fault_policy::FaultBits,
+        recovery: super::fault_policy::Recovery,
+    },
+
     #[error("broadcast root {root} is out of range for {nranks} ranks")]
     RootOutOfRange { root: usize, nranks: usize },
 }

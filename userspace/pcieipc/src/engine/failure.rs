@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::comm::CallDescriptor;
 use super::error::EngineError;
+use super::fault_policy::{FaultBits, Recovery};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
@@ -41,6 +42,37 @@ pub enum Failure {
         peer: usize,
         what: Corruption,
     },
+    /// Rank `rank`'s device `bdf` (in `PCIEIPC_BDF` form) reported errors the
+    /// ranks cannot go on after (`fault_policy::FaultAction::Fail`).
+    DeviceFault {
+        rank: usize,
+        bdf: u32,
+        bits: FaultBits,
+        recovery: Recovery,
+    },
+}
+
+impl Recovery {
+    fn to_words(self) -> [u64; 2] {
+        match self {
+            Recovery::Recovered => [1, 0],
+            Recovery::Failed => [2, 0],
+            Recovery::Gone => [3, 0],
+            Recovery::Unfinished { waited_ms } => [4, u64::from(waited_ms)],
+        }
+    }
+
+    fn from_words(words: [u64; 2]) -> Option<Recovery> {
+        Some(match words[0] {
+            1 => Recovery::Recovered,
+            2 => Recovery::Failed,
+            3 => Recovery::Gone,
+            4 => Recovery::Unfinished {
+                waited_ms: u32::try_from(words[1]).ok()?,
+            },
+            _ => return None,
+        })
+    }
 }
 
 /// What a peer published that no honest rank would.
@@ -97,6 +129,22 @@ impl Failure {
             Failure::PeerCorrupt { rank, peer, what } => {
                 words[..4].copy_from_slice(&[6, rank as u64, peer as u64, what as u64]);
             }
+            Failure::DeviceFault {
+                rank,
+                bdf,
+                bits,
+                recovery,
+            } => {
+                words[..6].copy_from_slice(&[
+                    7,
+                    rank as u64,
+                    u64::from(bdf),
+                    u64::from(bits.uncorrectable),
+                    u64::from(bits.fatal),
+                    u64::from(bits.correctable),
+                ]);
+                words[6..8].copy_from_slice(&recovery.to_words());
+            }
         }
         words
     }
@@ -132,6 +180,16 @@ impl Failure {
                 peer: words[2] as usize,
                 what: Corruption::from_wire(words[3])?,
             },
+            7 => Failure::DeviceFault {
+                rank: words[1] as usize,
+                bdf: u32::try_from(words[2]).ok()?,
+                bits: FaultBits {
+                    uncorrectable: u32::try_from(words[3]).ok()?,
+                    fatal: u32::try_from(words[4]).ok()?,
+                    correctable: u32::try_from(words[5]).ok()?,
+                },
+                recovery: Recovery::from_words([words[6], words[7]])?,
+            },
             _ => return None,
         })
     }
@@ -162,6 +220,17 @@ impl From<Failure> for EngineError {
             Failure::PeerCorrupt { rank, peer, what } => {
                 EngineError::PeerCorrupt { rank, peer, what }
             }
+            Failure::DeviceFault {
+                rank,
+                bdf,
+                bits,
+                recovery,
+            } => EngineError::DeviceFault {
+                rank,
+                device: crate::events::bdf_string(bdf),
+                bits,
+                recovery,
+            },
         }
     }
 }
@@ -204,6 +273,26 @@ mod tests {
                 rank: 1,
                 peer: 0,
                 what: Corruption::ChunkSize,
+            },
+            Failure::DeviceFault {
+                rank: 1,
+                bdf: 0x0200,
+                bits: FaultBits {
+                    uncorrectable: 1 << 18 | 1 << 14,
+                    fatal: 1 << 18,
+                    correctable: 1 << 6,
+                },
+                recovery: Recovery::Unfinished { waited_ms: 5000 },
+            },
+            Failure::DeviceFault {
+                rank: 0,
+                bdf: 0x0001_0100,
+                bits: FaultBits {
+                    uncorrectable: 1 << 5,
+                    fatal: 1 << 5,
+                    correctable: 0,
+                },
+                recovery: Recovery::Recovered,
             },
         ];
         for failure in failures {

@@ -8,6 +8,7 @@
 //! - `schedule`: which rank moves what at which step (pure).
 //! - `comm`: the communicator: joining, per-call agreement, waits, slots.
 //! - `collectives`: the host algorithms, steps from `schedule`.
+//! - `fault_policy`: the AER → action matrix (pure).
 //! - `transport`: the trait, its capabilities, the registry and the
 //!   transports (shm, pcieipc).
 //! - `cuda`: the GPU backend, steps from `schedule`, control over `comm`.
@@ -19,6 +20,7 @@ pub mod cuda;
 mod dtype;
 mod error;
 mod failure;
+pub mod fault_policy;
 pub mod schedule;
 pub mod transport;
 

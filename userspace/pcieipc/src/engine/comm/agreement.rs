@@ -11,13 +11,20 @@ use super::Communicator;
 use crate::engine::dtype::{DType, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::failure::{Corruption, Failure};
+use crate::engine::fault_policy::{self, Fault, FaultAction, FaultBits, FaultRecord, Recovery};
 use crate::engine::schedule::Algorithm;
 use crate::engine::transport::Signal;
+use crate::probe::bdf::Bdf;
 use crate::trace::Arg;
 
 /// How often a rank whose transport follows a device link polls it: a
 /// non-blocking read, kept off the path of back-to-back small calls.
 const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
+/// How long a rank waits for the kernel's recovery of its device after an
+/// uncorrectable error: the kernel's own fatal recovery (a secondary bus
+/// reset and the link's retraining) takes about a second; peers wait for
+/// the rank meanwhile, well within their `peer_timeout`.
+pub(crate) const RECOVERY_WAIT: Duration = Duration::from_secs(10);
 
 impl Communicator {
     /// Starts call number `self.calls`: refuses if the communicator has failed,
@@ -44,7 +51,7 @@ impl Communicator {
         if let Some(failure) = self.transport.failure() {
             return Err(failure.into());
         }
-        self.follow_link_events();
+        self.follow_link_events()?;
         let mut call = CallDescriptor {
             kind,
             dtype,
@@ -117,15 +124,21 @@ impl Communicator {
     }
 
     /// Publishes the device link's changes since the last poll, where the
-    /// transport follows one.
-    fn follow_link_events(&mut self) {
+    /// transport follows one (at most every `LINK_EVENTS_PERIOD`: at each
+    /// call's start and at each step that sends a chunk), and takes the action the AER matrix gives each
+    /// fault reported on it (`fault_policy`): nothing more than the link's
+    /// smaller chunk for a correctable error, a wait for the kernel's
+    /// recovery for a non-fatal one, and the communicator's failure, named
+    /// for every rank, for a fatal one, a surprise down or a device gone.
+    pub(crate) fn follow_link_events(&mut self) -> Result<(), EngineError> {
         if !self.transport.capabilities().link_events
             || self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD
         {
-            return;
+            return Ok(());
         }
         self.link_events_polled = Instant::now();
-        if let Some(link) = self.transport.poll_link() {
+        let poll = self.transport.poll_link();
+        if let Some(link) = poll.facts {
             if let Some(trace) = &self.trace {
                 trace.instant(
                     "link change",
@@ -135,6 +148,71 @@ impl Communicator {
                 );
             }
             self.set_link(Some(link));
+        }
+        // After the facts the poll read: acting on a fault may change them
+        // again (a retrain).
+        for fault in poll.faults {
+            self.act_on(fault)?;
+        }
+        Ok(())
+    }
+
+    fn act_on(&mut self, fault: Fault) -> Result<(), EngineError> {
+        let Some(mut action) = fault_policy::action(&fault) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let recovery = match action {
+            FaultAction::SmallerChunk => None,
+            FaultAction::AwaitRecovery | FaultAction::Fail => {
+                Some(self.transport.await_recovery(RECOVERY_WAIT))
+            }
+        };
+        if recovery.is_some_and(|recovery| recovery != Recovery::Recovered) {
+            action = FaultAction::Fail;
+        }
+        let retrained = (action == FaultAction::AwaitRecovery && self.options.retrain_degraded)
+            .then(|| self.transport.retrain_degraded_link())
+            .flatten();
+        if let Some(link) = retrained {
+            self.set_link(Some(link));
+        }
+        let record = FaultRecord {
+            call: self.calls,
+            in_call: self.current_call.is_some(),
+            bits: FaultBits::of(&fault.errors),
+            device_gone: fault.device_gone,
+            action,
+            recovery,
+            retrained,
+            stall: started.elapsed(),
+            bdf: fault.bdf,
+        };
+        if let Some(trace) = &self.trace {
+            trace.instant(
+                "fault",
+                "link",
+                crate::trace::monotonic_ns(),
+                vec![("fault", Arg::Owned(record.to_string()))],
+            );
+        }
+        let failure = (action == FaultAction::Fail).then(|| Failure::DeviceFault {
+            rank: self.rank,
+            // The module and the kernel's trace name functions in PCI
+            // address form, in domains the ABI encodes.
+            bdf: record
+                .bdf
+                .parse::<Bdf>()
+                .ok()
+                .and_then(|bdf| bdf.to_abi().ok())
+                .unwrap_or(u32::MAX),
+            bits: record.bits,
+            recovery: recovery.unwrap_or(Recovery::Unfinished { waited_ms: 0 }),
+        });
+        self.faults.push(record);
+        match failure {
+            Some(failure) => Err(self.transport.abort(failure).into()),
+            None => Ok(()),
         }
     }
 

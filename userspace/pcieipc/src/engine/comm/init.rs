@@ -83,6 +83,7 @@ impl Communicator {
                 ..options
             },
             link_events_polled: Instant::now(),
+            faults: Vec::new(),
             calls: 0,
             raw: StreamCounts::default(),
             relay: StreamCounts::default(),

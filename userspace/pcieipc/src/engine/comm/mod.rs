@@ -42,6 +42,8 @@ pub struct Communicator {
     pub(crate) options: CommOptions,
     /// When the transport's device link was last polled.
     link_events_polled: Instant,
+    /// The faults this rank acted on, oldest first.
+    faults: Vec<super::fault_policy::FaultRecord>,
     /// Calls started so far; the current call's number while one runs.
     pub(crate) calls: u64,
     raw: StreamCounts,
@@ -131,6 +133,12 @@ impl Communicator {
     /// `single_copy()` holds.
     pub fn direct_messages(&self) -> std::ops::RangeInclusive<usize> {
         self.options.direct_messages.clone()
+    }
+
+    /// The faults on this rank's device link it acted on (the AER matrix of
+    /// docs/fault-path.md), oldest first, each with the stall it cost.
+    pub fn faults(&self) -> &[super::fault_policy::FaultRecord] {
+        &self.faults
     }
 
     /// The last call this rank made, with the chunk size it moved in.

@@ -71,6 +71,12 @@ pub struct CommOptions {
     /// JSON: `crate::trace`). `None`: the `PCIEIPC_TRACE` environment
     /// variable's prefix, if it is set; otherwise nothing is recorded.
     pub trace: Option<std::path::PathBuf>,
+    /// After the kernel recovered this rank's device from a non-fatal error,
+    /// retrain its link where it reads degraded (below its maximum speed or
+    /// width), and plan the next calls' chunk for the speed it trains to.
+    /// Opt-in: a link is down while it trains, and the retrain needs
+    /// `CAP_SYS_ADMIN`.
+    pub retrain_degraded: bool,
 }
 
 impl Default for CommOptions {
@@ -92,6 +98,7 @@ impl Default for CommOptions {
             direct_messages: (4 << 20)..=(16 << 20),
             backend_bytes: 0,
             trace: None,
+            retrain_degraded: false,
         }
     }
 }

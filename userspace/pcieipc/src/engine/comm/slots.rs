@@ -144,6 +144,11 @@ impl Communicator {
         stream: Stream,
         len: usize,
     ) -> Result<Outgoing<T>, EngineError> {
+        // A step boundary: the faults on this rank's link are acted on here
+        // as well as between calls, so a non-fatal error pauses the call in
+        // flight at its next step until the kernel's recovery ends, and a
+        // fatal one fails it there.
+        self.follow_link_events()?;
         let slots = self.slots(stream);
         let sent = self.counts(stream).sent;
         let (_, consumed) = stream.signals();

@@ -23,6 +23,16 @@ use std::time::Duration;
 use super::chunk::LinkFacts;
 use super::comm::CallDescriptor;
 use super::failure::Failure;
+use super::fault_policy::{Fault, Recovery};
+
+/// What one poll of a device link found.
+#[derive(Debug, Default)]
+pub struct LinkPoll {
+    /// The link's facts, if they changed.
+    pub facts: Option<LinkFacts>,
+    /// The faults reported on it, oldest first.
+    pub faults: Vec<Fault>,
+}
 
 pub use pcieipc::{PcieipcError, PcieipcOptions, AER_MEMORY};
 pub use registry::{
@@ -198,10 +208,21 @@ pub trait Transport: Send {
     fn device_link(&self) -> Option<LinkFacts> {
         None
     }
-    /// The device link's facts if they changed since the last poll; never
-    /// blocks.
-    fn poll_link(&mut self) -> Option<LinkFacts> {
+    /// The device link's facts if they changed since the last poll, and the
+    /// faults reported on it since; never blocks.
+    fn poll_link(&mut self) -> LinkPoll {
+        LinkPoll::default()
+    }
+    /// Retrains the device link if it reads degraded and returns its facts
+    /// after; `None` when it is not degraded or the transport follows none.
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
         None
+    }
+    /// Waits at most `bound` for the kernel's recovery of the device from
+    /// the last fault `poll_link` reported to end. A transport that follows
+    /// no device reports no fault, and sees no recovery.
+    fn await_recovery(&mut self, _bound: Duration) -> Recovery {
+        Recovery::Unfinished { waited_ms: 0 }
     }
 
     /// Records `failure` unless another is recorded already, wakes every

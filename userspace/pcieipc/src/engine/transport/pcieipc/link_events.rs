@@ -2,7 +2,10 @@
 //! event stream: AER events for the device raise its recent error count, and
 //! a watch on the device's link turns speed and width changes into
 //! LINK_CHANGE events. The communicator polls it without blocking between
-//! calls and publishes what changed, so the next calls are planned for it.
+//! calls and publishes what changed, so the next calls are planned for it;
+//! each error is also reported as a fault, for the communicator to act on
+//! (`engine::fault_policy`), with the end of the kernel's recovery from it
+//! (the driver's `resume`, or a permanent failure) for it to wait on.
 //!
 //! With `PCIEIPC_LINK_TRACEFS` set (to a tracefs root, or to 1 for
 //! /sys/kernel/tracing), each rank also follows the kernel's tracepoints in a
@@ -23,6 +26,8 @@ use crate::probe::link::LinkSpeed;
 
 use super::PcieipcError;
 use crate::engine::chunk::LinkFacts;
+use crate::engine::fault_policy::{Fault, Recovery};
+use crate::engine::transport::LinkPoll;
 
 /// How long an AER error counts as recent: long enough that a link that
 /// keeps erring stays on the smaller chunk, short enough that a link that
@@ -34,6 +39,8 @@ const WATCH_PERIOD: Duration = Duration::from_millis(100);
 const EVENTS_PER_READ: usize = 64;
 /// Opts a rank into following the kernel's tracepoints: a tracefs root, or 1.
 pub const TRACEFS_ENV: &str = "PCIEIPC_LINK_TRACEFS";
+/// How often a rank waiting for the end of a recovery reads the events.
+const RECOVERY_POLL: Duration = Duration::from_millis(1);
 
 /// The AER steps that report a new error; the later steps of a recovery
 /// (mmio_enabled, slot_reset, resume) belong to the same one.
@@ -82,6 +89,26 @@ enum TracefsFact {
     Link { speed_gt_s: f32, width: u8 },
 }
 
+/// Where a module event for the device leaves the kernel's recovery: `None`
+/// for an error that starts one (unfinished until a later step ends it),
+/// the outcome for a step that ends it, and the recovery as it was for
+/// anything else. A `resume` ends it; a permanent failure, a `disconnect`
+/// result or the device gone end it for good.
+fn recovery_after(event: &Event, before: Option<Recovery>) -> Option<Recovery> {
+    match event.kind {
+        EventKind::DeviceGone => Some(Recovery::Gone),
+        EventKind::Aer
+            if event.channel_state == Some("permanent_failure")
+                || event.result.as_deref() == Some("disconnect") =>
+        {
+            Some(Recovery::Failed)
+        }
+        EventKind::Aer if event.aer_step == Some("error_detected") => None,
+        EventKind::Aer if event.aer_step == Some("resume") => Some(Recovery::Recovered),
+        _ => before,
+    }
+}
+
 /// The tracefs root `PCIEIPC_LINK_TRACEFS` names, if set.
 fn tracefs_root() -> Option<PathBuf> {
     let value = std::env::var_os(TRACEFS_ENV)?;
@@ -107,6 +134,11 @@ pub(crate) struct LinkEvents {
     speed_gt_s: f32,
     width: u8,
     aer_errors: VecDeque<Instant>,
+    /// The faults read since the last poll.
+    faults: Vec<Fault>,
+    /// How the kernel's last recovery of the device ended; `None` while one
+    /// runs.
+    recovery: Option<Recovery>,
     /// What `poll` last returned.
     published: LinkFacts,
     /// The port above the device and the kernel's tracepoints, where the
@@ -169,6 +201,8 @@ impl LinkEvents {
             speed_gt_s: facts.speed_gt_s,
             width: facts.width,
             aer_errors: VecDeque::new(),
+            faults: Vec::new(),
+            recovery: Some(Recovery::Recovered),
             published: facts,
             trace,
         }))
@@ -180,32 +214,31 @@ impl LinkEvents {
     }
 
     /// Reads the events that arrived since the last poll (never blocking) and
-    /// returns the link's facts if they changed. A failed read keeps the last
-    /// facts: a device in trouble fails the transport's own calls.
-    pub(super) fn poll(&mut self) -> Option<LinkFacts> {
-        while let Ok(events) = read_available(&mut self.device) {
-            if events.is_empty() {
-                break;
-            }
-            for event in &events {
-                if event.bdf == self.bdf {
-                    self.apply(event);
-                }
-            }
-        }
+    /// returns the link's facts if they changed, and the faults. A failed
+    /// read keeps the last facts: a device in trouble fails the transport's
+    /// own calls.
+    pub(super) fn poll(&mut self) -> LinkPoll {
+        self.read_module_events();
         if let Some((port, session)) = self.trace.as_mut() {
             // A failed read keeps the last facts, as for the module.
             let events = session
                 .read_available(monotonic_now_ns())
                 .map(|batch| batch.events)
                 .unwrap_or_default();
-            let facts: Vec<TracefsFact> = events
+            let facts: Vec<(TracefsFact, &Event)> = events
                 .iter()
-                .filter_map(|e| tracefs_fact(e, port))
+                .filter_map(|e| Some((tracefs_fact(e, port)?, e)))
                 .collect();
-            for fact in facts {
+            for (fact, event) in facts {
                 match fact {
-                    TracefsFact::NewError => self.aer_errors.push_back(Instant::now()),
+                    TracefsFact::NewError => {
+                        self.aer_errors.push_back(Instant::now());
+                        self.faults.push(Fault {
+                            bdf: event.bdf.clone(),
+                            errors: event.errors.clone(),
+                            device_gone: false,
+                        });
+                    }
                     TracefsFact::Link { speed_gt_s, width } => {
                         self.speed_gt_s = speed_gt_s;
                         self.width = width;
@@ -227,16 +260,108 @@ impl LinkEvents {
             recent_aer_errors: self.aer_errors.len() as u64,
             over_nvlink: false,
         };
-        (facts != self.published).then(|| {
+        let changed = (facts != self.published).then(|| {
             self.published = facts;
             facts
-        })
+        });
+        LinkPoll {
+            facts: changed,
+            faults: std::mem::take(&mut self.faults),
+        }
+    }
+
+    /// Retrains the link above the device where it reads degraded, and
+    /// returns its facts after (`None`: not degraded). A failed status read
+    /// or retrain leaves the facts as they were, and is said: the job asked
+    /// for the retrain.
+    pub(super) fn retrain_degraded(&mut self) -> Option<LinkFacts> {
+        let bdf = self.bdf.parse::<Bdf>().ok()?.to_abi().ok()?;
+        let status = match self.device.link_status(bdf) {
+            Ok(status) => status,
+            Err(error) => {
+                eprintln!(
+                    "pcieipc: {}: link status before a retrain: {error}",
+                    self.bdf
+                );
+                return None;
+            }
+        };
+        // Below the speed the port is set to train to counts too: where the
+        // port's Link Capabilities read zero (as QEMU leaves them after an
+        // injected uncorrectable error) the module has no maximum to compare
+        // against, and does not flag the link.
+        let below_target = status.target_speed != 0 && status.speed < status.target_speed;
+        if !status.degraded && !below_target {
+            return None;
+        }
+        let after = match self.device.retrain(bdf, None, None) {
+            Ok(retrain) => retrain.after,
+            Err(error) => {
+                eprintln!(
+                    "pcieipc: {}: retraining its degraded link: {error}",
+                    self.bdf
+                );
+                return None;
+            }
+        };
+        if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
+            self.speed_gt_s = speed.gigatransfers_per_second() as f32;
+        }
+        self.width = after.width;
+        self.published = LinkFacts {
+            speed_gt_s: self.speed_gt_s,
+            width: self.width,
+            ..self.published
+        };
+        Some(self.published)
+    }
+
+    /// Waits at most `bound` for the kernel's recovery of the device to end,
+    /// reading the module's events as they come.
+    pub(super) fn await_recovery(&mut self, bound: Duration) -> Recovery {
+        let started = Instant::now();
+        loop {
+            if let Some(recovery) = self.recovery {
+                return recovery;
+            }
+            if started.elapsed() >= bound {
+                return Recovery::Unfinished {
+                    waited_ms: started.elapsed().as_millis() as u32,
+                };
+            }
+            std::thread::sleep(RECOVERY_POLL);
+            self.read_module_events();
+        }
+    }
+
+    /// Applies the module's events for the device that arrived since the
+    /// last read.
+    fn read_module_events(&mut self) {
+        while let Ok(events) = read_available(&mut self.device) {
+            if events.is_empty() {
+                break;
+            }
+            for event in &events {
+                if event.bdf == self.bdf {
+                    self.apply(event);
+                }
+            }
+        }
     }
 
     fn apply(&mut self, event: &Event) {
         if reports_new_error(event) {
             self.aer_errors.push_back(Instant::now());
         }
+        if reports_new_error(event) || event.kind == EventKind::DeviceGone {
+            self.faults.push(Fault {
+                bdf: event.bdf.clone(),
+                errors: event.errors.clone(),
+                device_gone: event.kind == EventKind::DeviceGone
+                    || event.channel_state == Some("permanent_failure"),
+            });
+        }
+        self.recovery = recovery_after(event, self.recovery);
         if event.kind == EventKind::LinkChange {
             if let Some(after) = &event.link_after {
                 if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
@@ -317,6 +442,55 @@ mod tests {
         let mut unknown = traced(LINK);
         unknown.link_after.as_mut().unwrap().speed = 0;
         assert_eq!(tracefs_fact(&unknown, PORT), None);
+    }
+
+    fn module_step(step: &'static str, state: &'static str, result: &str) -> Event {
+        let mut event = Event::new(
+            EventSource::Module,
+            EventKind::Aer,
+            "0000:02:00.0".into(),
+            0,
+        );
+        event.aer_step = Some(step);
+        event.channel_state = Some(state);
+        event.result = Some(result.into());
+        event
+    }
+
+    #[test]
+    fn a_recovery_runs_from_error_detected_to_resume_or_a_failure() {
+        let recovered = Some(Recovery::Recovered);
+        // The non-fatal sequence, then the fatal one (testbed, aer.sh).
+        let mut recovery = recovered;
+        for (step, state, result, after) in [
+            ("error_detected", "normal", "can_recover", None),
+            ("mmio_enabled", "normal", "recovered", None),
+            ("resume", "normal", "recovered", recovered),
+            ("error_detected", "frozen", "need_reset", None),
+            ("slot_reset", "normal", "recovered", None),
+            ("resume", "normal", "recovered", recovered),
+        ] {
+            recovery = recovery_after(&module_step(step, state, result), recovery);
+            assert_eq!(recovery, after, "{step} {state}");
+        }
+        let lost = module_step("error_detected", "permanent_failure", "disconnect");
+        assert_eq!(recovery_after(&lost, None), Some(Recovery::Failed));
+        let gone = Event::new(
+            EventSource::Module,
+            EventKind::DeviceGone,
+            "0000:02:00.0".into(),
+            0,
+        );
+        assert_eq!(recovery_after(&gone, None), Some(Recovery::Gone));
+        // A link change says nothing about a recovery.
+        let link = Event::new(
+            EventSource::Module,
+            EventKind::LinkChange,
+            "0000:02:00.0".into(),
+            0,
+        );
+        assert_eq!(recovery_after(&link, None), None);
+        assert_eq!(recovery_after(&link, recovered), recovered);
     }
 
     #[test]

@@ -24,10 +24,11 @@ pub use link_events::AER_MEMORY;
 
 use super::registry::{Registered, Setup, TransportConfig, TransportOptions};
 use super::segment::{SegmentTransport, Signalling};
-use super::{Capabilities, Signal, Transport, SIGNALS};
+use super::{Capabilities, LinkPoll, Signal, Transport, SIGNALS};
 use crate::device::{BoundDevice, Device, MappedWindow, WaitResult};
 use crate::engine::chunk::LinkFacts;
 use crate::engine::error::EngineError;
+use crate::engine::fault_policy::Recovery;
 use link_events::LinkEvents;
 
 /// The region's shared memory is BAR2 of an ivshmem-doorbell device.
@@ -181,8 +182,21 @@ impl Signalling for Doorbells {
         self.link_events.as_ref().map(LinkEvents::facts)
     }
 
-    fn poll_link(&mut self) -> Option<LinkFacts> {
-        self.link_events.as_mut()?.poll()
+    fn poll_link(&mut self) -> LinkPoll {
+        self.link_events
+            .as_mut()
+            .map_or_else(LinkPoll::default, LinkEvents::poll)
+    }
+
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
+        self.link_events.as_mut()?.retrain_degraded()
+    }
+
+    fn await_recovery(&mut self, bound: Duration) -> Recovery {
+        match self.link_events.as_mut() {
+            Some(link_events) => link_events.await_recovery(bound),
+            None => Recovery::Unfinished { waited_ms: 0 },
+        }
     }
 }
 

@@ -17,11 +17,12 @@ pub(crate) use layout::{round_up, Layout, PAGE};
 pub(crate) use peers::PeerWatch;
 pub(crate) use region::Segment;
 
-use super::{Capabilities, Signal, Transport, Window, WindowSizes};
+use super::{Capabilities, LinkPoll, Signal, Transport, Window, WindowSizes};
 use crate::engine::chunk::LinkFacts;
 use crate::engine::comm::CallDescriptor;
 use crate::engine::error::EngineError;
 use crate::engine::failure::Failure;
+use crate::engine::fault_policy::Recovery;
 
 /// Rounds the requested window sizes so every slot starts on a page.
 pub(crate) fn page_aligned(sizes: WindowSizes) -> WindowSizes {
@@ -83,8 +84,18 @@ pub(crate) trait Signalling: Sized + Send {
     }
 
     /// `Transport::poll_link`.
-    fn poll_link(&mut self) -> Option<LinkFacts> {
+    fn poll_link(&mut self) -> LinkPoll {
+        LinkPoll::default()
+    }
+
+    /// `Transport::retrain_degraded_link`.
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
         None
+    }
+
+    /// `Transport::await_recovery`.
+    fn await_recovery(&mut self, _bound: Duration) -> Recovery {
+        Recovery::Unfinished { waited_ms: 0 }
     }
 }
 
@@ -280,8 +291,16 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
         self.signalling.device_link()
     }
 
-    fn poll_link(&mut self) -> Option<LinkFacts> {
+    fn poll_link(&mut self) -> LinkPoll {
         self.signalling.poll_link()
+    }
+
+    fn await_recovery(&mut self, bound: Duration) -> Recovery {
+        self.signalling.await_recovery(bound)
+    }
+
+    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
+        self.signalling.retrain_degraded_link()
     }
 
     fn abort(&self, failure: Failure) -> Failure {
