@@ -19,6 +19,11 @@ const EAGER_SPIN: Duration = Duration::from_micros(2);
 /// rank waiting for a late peer costs next to no CPU.
 const LIVENESS_SLICE: Duration = Duration::from_millis(10);
 
+/// Whether a counter at `value` has reached `target` (wrapping).
+fn reached(value: u32, target: u32) -> bool {
+    value.wrapping_sub(target) as i32 >= 0
+}
+
 impl Communicator {
     pub(crate) fn successor(&self) -> usize {
         (self.rank + 1) % self.nranks
@@ -59,8 +64,7 @@ impl Communicator {
         signal: Signal,
         target: u32,
     ) -> Result<(), EngineError> {
-        let reached = |value: u32| value.wrapping_sub(target) as i32 >= 0;
-        if reached(self.transport.load(owner, signal)) {
+        if reached(self.transport.load(owner, signal), target) {
             return Ok(());
         }
         let started = Instant::now();
@@ -91,7 +95,7 @@ impl Communicator {
         target: u32,
         started: Instant,
     ) -> Result<(), EngineError> {
-        let reached = |value: u32| value.wrapping_sub(target) as i32 >= 0;
+        let reached = |value: u32| reached(value, target);
         let transport = &*self.transport;
         let mut value;
         // Poll back to back (a peer on another core is usually about to
