@@ -18,6 +18,7 @@ add_step "UAPI bindings regenerate without a diff" 'bash scripts/gen-uapi.sh --c
 add_step "cargo test --workspace (with probe --html in headless Chromium)" 'cargo test -q --workspace --release'
 add_step "cargo clippy --workspace, GPU tests included (warnings are errors)" 'cargo clippy -q --workspace --all-targets --all-features --release -- -D warnings'
 add_step "cargo fmt --check" 'cargo fmt --all --check'
+add_step "python: abi3 wheel (maturin), pytest against Gloo, DDP, 2x2 nodes, a killed rank" 'bash scripts/test-python.sh'
 add_step "kmod: CLIPPY=1 build (warnings are errors)" 'make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules'
 add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs'
 add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'

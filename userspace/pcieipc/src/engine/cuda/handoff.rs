@@ -497,21 +497,50 @@ impl CudaCommunicator {
         )?;
         self.check_gpu(input.gpu())?;
         self.check_gpu(output.gpu())?;
+        // SAFETY: `input` holds N·m and `output` m elements of `T`; freed
+        // memory waits for the context's streams (as in all_reduce_on_stream).
+        unsafe {
+            self.reduce_scatter_raw(
+                input.address(),
+                output.address(),
+                output.len(),
+                T::DTYPE,
+                op,
+                stream,
+            )
+        }
+    }
+
+    /// The reduce_scatter of N·`count` elements of `dtype` at `input` into
+    /// `count` at `output`.
+    ///
+    /// # Safety
+    ///
+    /// As `all_reduce_raw`, with `input` holding N·`count` elements and not
+    /// overlapping `output`.
+    pub unsafe fn reduce_scatter_raw(
+        &mut self,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
         let window = self.usable_window()?;
         let call = Call {
             kind: CallKind::ReduceScatter,
             kernel: HandoffKernel::ReduceScatter,
-            dtype: T::DTYPE,
+            dtype,
             op,
-            count: output.len(),
-            piece: window / std::mem::size_of::<T>(),
-            input: input.address(),
-            output: output.address(),
-            stride: output.len(),
+            count,
+            piece: window / dtype.size_bytes(),
+            input,
+            output,
+            stride: count,
             root: 0,
         };
-        // SAFETY: `input` holds N·m and `output` m elements of `T`; freed
-        // memory waits for the context's streams (as in all_reduce_on_stream).
+        // SAFETY: the caller's promise.
         unsafe { self.queue(call, Algorithm::Direct, stream) }
     }
 
@@ -578,28 +607,45 @@ impl CudaCommunicator {
         root: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<(), EngineError> {
+        self.check_gpu(buffer.gpu())?;
+        // SAFETY: `buffer` holds `count` elements; freed memory waits for
+        // the context's streams.
+        unsafe { self.broadcast_raw(buffer.address(), buffer.len(), T::DTYPE, root, stream) }
+    }
+
+    /// The broadcast of `count` elements of `dtype` at `buffer` from `root`.
+    ///
+    /// # Safety
+    ///
+    /// As `all_reduce_raw`, with one buffer.
+    pub unsafe fn broadcast_raw(
+        &mut self,
+        buffer: u64,
+        count: usize,
+        dtype: DType,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), EngineError> {
         if root >= self.nranks {
             return Err(EngineError::RootOutOfRange {
                 root,
                 nranks: self.nranks,
             });
         }
-        self.check_gpu(buffer.gpu())?;
         let window = self.usable_window()?;
         let call = Call {
             kind: CallKind::Broadcast,
             kernel: HandoffKernel::Broadcast,
-            dtype: T::DTYPE,
+            dtype,
             op: ReduceOp::Sum,
-            count: buffer.len(),
-            piece: window / std::mem::size_of::<T>(),
-            input: buffer.address(),
-            output: buffer.address(),
+            count,
+            piece: window / dtype.size_bytes(),
+            input: buffer,
+            output: buffer,
             stride: 0,
             root,
         };
-        // SAFETY: `buffer` holds `count` elements; freed memory waits for
-        // the context's streams.
+        // SAFETY: the caller's promise.
         unsafe { self.queue(call, Algorithm::OneShot, stream) }
     }
 

@@ -1,0 +1,693 @@
+"""The ``torch.distributed`` backend "pcieipc" and the DDP communication hook.
+
+Importing this module registers the backend for ``cpu`` and ``cuda`` tensors::
+
+    import pcieipc.torch
+    torch.distributed.init_process_group("pcieipc")   # under torchrun
+
+Ranks meet through the ``Store`` torch hands the backend: rank 0 of each
+node makes the rendezvous name and the job secret and publishes them there.
+
+On more than one machine (``LOCAL_WORLD_SIZE`` below the world size, as
+torchrun sets it) the backend is hierarchical: inside a node it runs over
+pcieipc, between nodes over a process group torch already has (Gloo for CPU
+tensors, NCCL for CUDA tensors), made from the same store. all_reduce is
+reduce-scatter inside the node, all-reduce of each rank's shard across the
+nodes, all-gather inside the node.
+
+``allreduce_hook`` is the DDP communication hook for jobs whose default
+process group is another backend (``HookState`` says which groups it uses).
+"""
+
+import atexit
+import gc
+import os
+import queue
+import secrets
+import socket
+import threading
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import Communicator, CudaCommunicator, InvalidArgument
+
+__all__ = [
+    "BACKEND",
+    "HookState",
+    "ProcessGroupPcieipc",
+    "allreduce_hook",
+    "hierarchical_all_reduce",
+]
+
+BACKEND = "pcieipc"
+
+# The engine's element types, as torch names them.
+SUPPORTED_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+)
+
+_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.AVG: "avg",
+}
+
+# Environment knobs (docs/python.md).
+TRANSPORT_ENV = "PCIEIPC_TRANSPORT"
+HANDOFF_ENV = "PCIEIPC_HANDOFF"
+P2P_ENV = "PCIEIPC_P2P"
+NODE_ENV = "PCIEIPC_NODE"
+
+
+def _op_name(op) -> str:
+    # ReduceOp arrives as the enum member or as a ReduceOp object wrapping it.
+    for member, name in _OPS.items():
+        if op == member:
+            return name
+    raise InvalidArgument(
+        f"pcieipc backend: reduce op {op} is not supported (sum, avg, min, max, product)"
+    )
+
+
+def _check_tensor(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise InvalidArgument(
+            f"pcieipc backend: {what} is {tensor.dtype}; the engine reduces {names}"
+        )
+    if not tensor.is_contiguous():
+        raise InvalidArgument(f"pcieipc backend: {what} is not contiguous")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise InvalidArgument(f"pcieipc backend: {what} is on {tensor.device}")
+    # Tensors that require grad refuse __dlpack__; the memory is the same.
+    return tensor.detach()
+
+
+def _same_device(tensors, what: str) -> torch.device:
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise InvalidArgument(f"pcieipc backend: {what} spans devices {sorted(map(str, devices))}")
+    return devices.pop()
+
+
+def _unsupported(name: str):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"pcieipc backend: {name} is not supported (it has all_reduce, broadcast, "
+            "all_gather, reduce_scatter, reduce, gather, scatter and barrier)"
+        )
+
+    method.__name__ = name
+    return method
+
+
+class _Work(dist.Work):
+    """A collective's handle: `wait()` raises what the collective raised
+    (torch's future-wrapping Work does not), and on CUDA the caller's stream
+    is already ordered after the collective when the call returns."""
+
+    def __init__(self, future: torch.futures.Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        self._future.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        # torch.futures.Future.set_exception stores the exception as the
+        # value, which C++ consumers (DDP's reducer) take for a result; a
+        # callback that raises marks the chained future failed in C++ too.
+        return self._future.then(_value_or_raise)
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._future.value()
+        except Exception as error:
+            return error
+        return None
+
+
+def _value_or_raise(future: torch.futures.Future):
+    return future.value()
+
+
+class _Worker:
+    """Runs the host collectives of one process group in call order on a
+    thread of their own, so that async_op=True overlaps with the caller."""
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], object]) -> torch.futures.Future:
+        future = torch.futures.Future()
+        self._queue.put((job, future))
+        return future
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            job, future = item
+            try:
+                future.set_result(job())
+            except BaseException as error:  # handed to the waiter, not lost
+                future.set_exception(error)
+            # A future this frame still held at exit would be destroyed after
+            # the interpreter, which aborts the process.
+            item = job = future = None
+
+
+@dataclass
+class _Layout:
+    """Where this rank sits: its node's ranks and the ranks of its column
+    (same local rank on every node)."""
+
+    rank: int
+    size: int
+    local_size: int
+
+    @property
+    def nodes(self) -> int:
+        return self.size // self.local_size
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % self.local_size
+
+
+class ProcessGroupPcieipc(dist.ProcessGroup):
+    """The "pcieipc" process group. Made by ``init_process_group("pcieipc")``
+    or ``new_group(backend="pcieipc")``; not meant to be built directly."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._store = store
+        self._timeout = timeout
+        self._layout = _Layout(rank, size, _local_size(store, rank, size))
+        self._transport = os.environ.get(TRANSPORT_ENV, "shm")
+        seconds = max(timeout.total_seconds(), 1.0)
+        name, secret = self._rendezvous("host")
+        self._host = Communicator(
+            name,
+            self._layout.local_rank,
+            self._layout.local_size,
+            secret=secret,
+            transport=self._transport,
+            join_timeout=seconds,
+            peer_timeout=seconds,
+        )
+        self._cuda: Optional[CudaCommunicator] = None
+        self._cuda_stream = None
+        self._worker = _Worker(f"pcieipc-pg-rank{rank}")
+        # Between nodes: torch's own process groups over the same store.
+        self._inter_cpu = None
+        self._inter_cuda = None
+
+    # -- torch's ProcessGroup interface -----------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def allreduce(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        tensors = [_check_tensor(t, "all_reduce tensor") for t in tensors]
+        return self._collective(tensors, lambda c, t: self._all_reduce(c, t, op), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        root = opts.rootRank
+        tensors = [_check_tensor(t, "broadcast tensor") for t in tensors]
+        return self._collective(tensors, lambda c, t: self._broadcast(c, t, root), tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        output = _check_tensor(output, "all_gather output")
+        input = _check_tensor(input, "all_gather input")
+        return self._collective([output, input], lambda c, t: self._all_gather(c, t[1], t[0]), [output])
+
+    def allgather(self, output_lists, inputs, opts=None):
+        for outputs, input in zip(output_lists, inputs):
+            if len(outputs) != self._size:
+                raise InvalidArgument(
+                    f"pcieipc backend: all_gather needs {self._size} output tensors, got {len(outputs)}"
+                )
+        pairs = []
+        for outputs, input in zip(output_lists, inputs):
+            input = _check_tensor(input, "all_gather input")
+            flat = torch.empty((self._size,) + tuple(input.shape), dtype=input.dtype, device=input.device)
+            pairs.append((outputs, input, flat))
+
+        def gather(comm, _):
+            for outputs, input, flat in pairs:
+                self._all_gather(comm, input, flat)
+                for out, part in zip(outputs, flat):
+                    out.copy_(part)
+            return [t for outputs, _, _ in pairs for t in outputs]
+
+        return self._collective([p[1] for p in pairs], gather, None)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        outputs = [_check_tensor(t, "all_gather output") for t in outputs]
+        inputs = [_check_tensor(t, "all_gather input") for t in inputs]
+
+        def gather(comm, _):
+            for output, input in zip(outputs, inputs):
+                self._all_gather(comm, input, output)
+            return outputs
+
+        return self._collective(outputs + inputs, gather, None)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        output = _check_tensor(output, "reduce_scatter output")
+        input = _check_tensor(input, "reduce_scatter input")
+        return self._collective(
+            [output, input], lambda c, t: self._reduce_scatter(c, t[1], t[0], op), [output]
+        )
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        pairs = []
+        for output, inputs in zip(outputs, input_lists):
+            if len(inputs) != self._size:
+                raise InvalidArgument(
+                    f"pcieipc backend: reduce_scatter needs {self._size} input tensors, got {len(inputs)}"
+                )
+            output = _check_tensor(output, "reduce_scatter output")
+            pairs.append((output, torch.stack([_check_tensor(t, "reduce_scatter input") for t in inputs])))
+
+        def scatter(comm, _):
+            for output, stacked in pairs:
+                self._reduce_scatter(comm, stacked, output, op)
+            return [p[0] for p in pairs]
+
+        return self._collective([p[0] for p in pairs], scatter, None)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        outputs = [_check_tensor(t, "reduce_scatter output") for t in outputs]
+        inputs = [_check_tensor(t, "reduce_scatter input") for t in inputs]
+
+        def scatter(comm, _):
+            for output, input in zip(outputs, inputs):
+                self._reduce_scatter(comm, input, output, op)
+            return outputs
+
+        return self._collective(outputs + inputs, scatter, None)
+
+    def reduce(self, tensors, opts):
+        # all_reduce into a copy: only the root's tensor changes, as with NCCL.
+        op = _op_name(opts.reduceOp)
+        root = opts.rootRank
+        tensors = [_check_tensor(t, "reduce tensor") for t in tensors]
+
+        def reduce(comm, _):
+            for tensor in tensors:
+                result = tensor.clone()
+                self._all_reduce(comm, [result], op)
+                if self._rank == root:
+                    tensor.copy_(result)
+            return tensors
+
+        return self._collective(tensors, reduce, None)
+
+    def gather(self, output_lists, inputs, opts):
+        root = opts.rootRank
+        inputs = [_check_tensor(t, "gather input") for t in inputs]
+
+        def gather(comm, _):
+            for index, input in enumerate(inputs):
+                flat = torch.empty((self._size,) + tuple(input.shape), dtype=input.dtype, device=input.device)
+                self._all_gather(comm, input, flat)
+                if self._rank == root:
+                    for out, part in zip(output_lists[index], flat):
+                        out.copy_(part)
+            return inputs
+
+        return self._collective(inputs, gather, None)
+
+    def scatter(self, outputs, input_lists, opts):
+        root = opts.rootRank
+        outputs = [_check_tensor(t, "scatter output") for t in outputs]
+
+        def scatter(comm, _):
+            for index, output in enumerate(outputs):
+                flat = torch.empty((self._size,) + tuple(output.shape), dtype=output.dtype, device=output.device)
+                if self._rank == root:
+                    flat.copy_(torch.stack(list(input_lists[index])))
+                self._broadcast(comm, [flat], root)
+                output.copy_(flat[self._rank])
+            return outputs
+
+        return self._collective(outputs, scatter, None)
+
+    def barrier(self, opts=None):
+        marker = torch.zeros(1, dtype=torch.uint8)
+        return self._collective([marker], lambda c, t: self._all_reduce(c, t, "max"), [marker])
+
+    send = _unsupported("send")
+    recv = _unsupported("recv")
+    recv_anysource = _unsupported("recv_anysource")
+    alltoall = _unsupported("alltoall")
+    alltoall_base = _unsupported("alltoall_base")
+    monitored_barrier = _unsupported("monitored_barrier")
+
+    def shutdown(self) -> None:
+        self._worker.stop()
+        if self._cuda is not None:
+            self._cuda.close()
+        self._host.close()
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupPcieipc(rank={self._rank}, size={self._size}, transport={self._transport})"
+
+    # -- the collectives over one communicator ----------------------------
+
+    def _collective(self, tensors, run, result):
+        """Runs `run(comm, tensors)`: on the host, in call order on the
+        worker thread; on CUDA, queued on the communicator's stream after the
+        caller's current stream, which then waits for it."""
+        device = _same_device(tensors, "the call")
+        if device.type == "cpu":
+            return _Work(self._worker.submit(lambda: _result(run(self._host, tensors), result)))
+        comm = self._cuda_communicator(device)
+        if not comm.hands_off_on_gpu:
+            # Host hand-off (ranks sharing a GPU): through host memory, in order.
+            torch.cuda.current_stream(device).synchronize()
+            host = [t.cpu() for t in tensors]
+            future = self._worker.submit(lambda: run(comm.control, host))
+            future.wait()
+            for t, h in zip(tensors, host):
+                t.copy_(h)
+            return _Work(_done(_result(None, result)))
+        current = torch.cuda.current_stream(device)
+        self._cuda_stream.wait_stream(current)
+        with torch.cuda.stream(self._cuda_stream):
+            run(comm, tensors)
+        for t in tensors:
+            # The caching allocator keeps their memory until our stream is past them.
+            t.record_stream(self._cuda_stream)
+        current.wait_stream(self._cuda_stream)
+        comm.check()
+        future = torch.futures.Future(devices=[device])
+        future.set_result(_result(None, result) if result is not None else tensors)
+        return _Work(future)
+
+    def _cuda_communicator(self, device: torch.device) -> CudaCommunicator:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if self._cuda is None:
+            # Every rank makes its first CUDA call at the same point, so all
+            # of them join here together.
+            seconds = max(self._timeout.total_seconds(), 1.0)
+            name, secret = self._rendezvous("cuda")
+            self._cuda = CudaCommunicator(
+                name,
+                self._layout.local_rank,
+                self._layout.local_size,
+                index,
+                secret=secret,
+                transport=self._transport,
+                join_timeout=seconds,
+                peer_timeout=seconds,
+                handoff=os.environ.get(HANDOFF_ENV, "auto"),
+                p2p=os.environ.get(P2P_ENV, "auto"),
+            )
+            self._cuda_stream = torch.cuda.ExternalStream(self._cuda.stream, device=device)
+        elif self._cuda.device != index:
+            raise InvalidArgument(
+                f"pcieipc backend: tensor on cuda:{index}, the group's GPU is cuda:{self._cuda.device}"
+            )
+        return self._cuda
+
+    def _inter(self, device_type: str):
+        """The process group between this rank's column of nodes (None on one node)."""
+        layout = self._layout
+        if layout.nodes == 1:
+            return None
+        attribute = "_inter_cuda" if device_type == "cuda" else "_inter_cpu"
+        group = getattr(self, attribute)
+        if group is None:
+            prefix = f"pcieipc/inter/{device_type}/local{layout.local_rank}"
+            store = dist.PrefixStore(prefix, self._store)
+            if device_type == "cuda":
+                group = dist.ProcessGroupNCCL(store, layout.node, layout.nodes)
+            else:
+                group = dist.ProcessGroupGloo(store, layout.node, layout.nodes, self._timeout)
+            setattr(self, attribute, group)
+        return group
+
+    def _all_reduce(self, comm, tensors, op: str):
+        inter = self._inter(tensors[0].device.type)
+        for tensor in tensors:
+            if inter is None:
+                comm.all_reduce(tensor, op=op)
+            else:
+                self._hierarchical_all_reduce(comm, inter, tensor, op)
+
+    def _hierarchical_all_reduce(self, comm, inter, tensor, op: str):
+        if op == "avg":
+            self._hierarchical_all_reduce(comm, inter, tensor, "sum")
+            if tensor.is_floating_point():
+                tensor.div_(self._size)
+            else:
+                tensor.div_(self._size, rounding_mode="trunc")
+            return
+        local = self._layout.local_size
+        flat = tensor.view(-1)
+        padded = (flat.numel() + local - 1) // local * local
+        work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
+        shard = work.new_empty(padded // local)
+        comm.reduce_scatter(work, shard, op=op)
+        # On CUDA this runs with the communicator's stream current: torch's
+        # group orders its own stream after it, and `wait` orders it back.
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = {v: k for k, v in _OPS.items()}[op]
+        inter.allreduce([shard], opts).wait()
+        comm.all_gather(shard, work)
+        if work is not flat:
+            flat.copy_(work[: flat.numel()])
+
+    def _broadcast(self, comm, tensors, root: int):
+        layout = self._layout
+        inter = self._inter(tensors[0].device.type)
+        for tensor in tensors:
+            if inter is None:
+                comm.broadcast(tensor, root=root)
+                continue
+            # Across the root's column of nodes first, then inside each node.
+            if layout.local_rank == root % layout.local_size:
+                opts = dist.BroadcastOptions()
+                opts.rootRank = root // layout.local_size
+                inter.broadcast([tensor], opts).wait()
+            comm.broadcast(tensor, root=root % layout.local_size)
+
+    def _all_gather(self, comm, input, output):
+        layout = self._layout
+        inter = self._inter(input.device.type)
+        if inter is None:
+            comm.all_gather(input, output)
+            return
+        # Inside the node into this node's block, then the blocks across nodes
+        # (ranks are node-contiguous, so node order is rank order).
+        block = output.view(layout.nodes, -1)[layout.node]
+        comm.all_gather(input, block)
+        inter.allgather([list(output.view(layout.nodes, -1).unbind(0))], [block.clone()]).wait()
+
+    def _reduce_scatter(self, comm, input, output, op: str):
+        if self._inter(input.device.type) is None:
+            comm.reduce_scatter(input, output, op=op)
+            return
+        # Across nodes: the whole input all-reduced hierarchically, then this
+        # rank's part (N times the traffic of a native reduce-scatter).
+        whole = input.clone()
+        self._all_reduce(comm, [whole], op)
+        output.copy_(whole.view(self._size, -1)[self._rank].view_as(output))
+
+    def _rendezvous(self, what: str):
+        """This node's rendezvous name and secret for communicator `what`,
+        made by the node's first rank and published in the store."""
+        layout = self._layout
+        key = f"pcieipc/{what}/node{layout.node}"
+        if layout.local_rank == 0:
+            name = f"pcieipc-torch-{secrets.token_hex(8)}"
+            secret = secrets.token_hex(16)
+            self._store.set(key, f"{name} {secret}")
+        else:
+            name, secret = self._store.get(key).decode().split()
+        return name, secret
+
+
+def _result(value, result):
+    return result if result is not None else value
+
+
+def _done(value) -> torch.futures.Future:
+    future = torch.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def node_name() -> str:
+    """The machine this process runs on: PCIEIPC_NODE where set (to
+    simulate nodes on one machine), else the host name and boot id."""
+    name = os.environ.get(NODE_ENV)
+    if name:
+        return name
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+    except OSError:
+        boot_id = ""
+    return f"{socket.gethostname()}/{boot_id}"
+
+
+def _local_size(store, rank: int, size: int) -> int:
+    """How many ranks share this rank's machine, after checking that the
+    group's ranks come in whole nodes of equal size, consecutive ranks
+    together (torchrun's order: the hierarchical collectives rely on it)."""
+    store.set(f"pcieipc/node-of/{rank}", node_name())
+    nodes = [store.get(f"pcieipc/node-of/{r}").decode() for r in range(size)]
+    local = nodes.count(nodes[rank])
+    layout_ok = size % local == 0 and all(
+        nodes[r] == nodes[r - r % local] and (r % local or r == 0 or nodes[r] != nodes[r - 1])
+        for r in range(size)
+    )
+    if not layout_ok:
+        raise InvalidArgument(
+            "pcieipc backend: the group's ranks are not whole nodes of consecutive ranks "
+            f"of equal size (machine of each rank: {nodes})"
+        )
+    return local
+
+
+def _create(store, rank, size, timeout):
+    group = ProcessGroupPcieipc(store, rank, size, timeout)
+    _LIVE_GROUPS.add(group)
+    return group
+
+
+_LIVE_GROUPS: "weakref.WeakSet[ProcessGroupPcieipc]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    # A failed collective's exception and the futures that carry it form
+    # reference cycles (exception → traceback → frame → Work → future). Left
+    # to the end of the interpreter, torch destroys such a future after
+    # Python is gone and the process aborts; collect them while it lives.
+    for group in list(_LIVE_GROUPS):
+        group._worker.stop()
+    gc.collect()
+
+
+dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+
+
+# -- hierarchical all-reduce and the DDP hook -----------------------------
+
+
+def hierarchical_all_reduce(tensor: torch.Tensor, intra, inter=None, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """All-reduces `tensor` in place: reduce-scatter inside the node over
+    `intra` (a pcieipc group), all-reduce of this rank's shard across nodes
+    over `inter` (any process group: NCCL, Gloo), all-gather inside the node.
+    Without `inter`, a plain all-reduce over `intra`."""
+    if inter is None:
+        dist.all_reduce(tensor, op=op, group=intra)
+        return tensor
+    local = dist.get_world_size(intra)
+    flat = tensor.view(-1)
+    padded = (flat.numel() + local - 1) // local * local
+    work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
+    shard = work.new_empty(padded // local)
+    dist.reduce_scatter_tensor(shard, work, op=op, group=intra)
+    dist.all_reduce(shard, op=op, group=inter)
+    dist.all_gather_into_tensor(work, shard, group=intra)
+    if work is not flat:
+        flat.copy_(work[: flat.numel()])
+    return tensor
+
+
+@dataclass
+class HookState:
+    """The groups ``allreduce_hook`` reduces gradients over: `intra`, a
+    pcieipc group of this node's ranks, and `inter`, a group of the ranks
+    with this rank's local rank on every node (None on one node)."""
+
+    intra: object
+    inter: object = None
+
+    @classmethod
+    def create(cls, inter_backend: Optional[str] = None) -> "HookState":
+        """Makes the groups from the default process group, which must
+        come in whole nodes of consecutive ranks (torchrun's order).
+        `inter_backend`: the backend between nodes (default: the default
+        group's). Every rank must call it (it makes groups)."""
+        world = dist.get_world_size()
+        rank = dist.get_rank()
+        local = _local_size(dist.distributed_c10d._get_default_store(), rank, world)
+        intra = inter = None
+        for node in range(world // local):
+            group = dist.new_group(list(range(node * local, (node + 1) * local)), backend=BACKEND)
+            if rank // local == node:
+                intra = group
+        if world > local:
+            for local_rank in range(local):
+                group = dist.new_group(list(range(local_rank, world, local)), backend=inter_backend)
+                if rank % local == local_rank:
+                    inter = group
+        return cls(intra=intra, inter=inter)
+
+
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: averages the gradient bucket over every rank,
+    inside the node over pcieipc and across nodes over `state.inter`
+    (``model.register_comm_hook(HookState.create(), allreduce_hook)``)."""
+    tensor = bucket.buffer()
+    # As DDP's default hook: divide first, then sum, so the result does not
+    # depend on how the sum is split.
+    tensor.div_(dist.get_world_size())
+    hierarchical_all_reduce(tensor, state.intra, state.inter)
+    future = torch.futures.Future(devices=[tensor.device] if tensor.is_cuda else None)
+    future.set_result(tensor)
+    return future

@@ -1,0 +1,408 @@
+//! `pcieipc.CudaCommunicator`: the collectives on CUDA tensors of one GPU
+//! per rank, queued on the communicator's stream and handed over on the GPU
+//! (the host only at init and on errors). The caller orders its own streams
+//! against `stream` (pcieipc.torch does, with events), as with NCCL.
+
+use std::sync::{Arc, Mutex};
+
+use pcieipc::engine::cuda::{
+    CudaCommunicator as EngineCudaCommunicator, CudaOptions, DataPath, Gpu, Handoff, PeerToPeer,
+};
+use pcieipc::engine::{DType, EngineError};
+use pyo3::prelude::*;
+
+use crate::errors::{device_error, invalid, to_closed, to_python};
+use crate::host::{comm_options, parse_op, seconds, Communicator};
+use crate::memory::{dtype_name, Device, Memory};
+
+/// A communicator of `nranks` processes, each with CUDA tensors on GPU
+/// `device`, joined at `rendezvous` as `rank`.
+///
+/// Collectives are queued on `stream` and return at once; `synchronize()`
+/// waits for them. They need the GPU hand-off (`hands_off_on_gpu`), which
+/// init takes when every rank has a GPU of its own; where ranks share a GPU
+/// the hand-off is on the host, and `control` (a host communicator over the
+/// same rendezvous) carries host copies instead.
+#[pyclass(module = "pcieipc", name = "CudaCommunicator")]
+pub struct CudaCommunicator {
+    inner: Arc<Mutex<Option<EngineCudaCommunicator>>>,
+    rank: usize,
+    nranks: usize,
+    device: usize,
+    transport: &'static str,
+    stream: usize,
+    hands_off_on_gpu: bool,
+    data_path: String,
+}
+
+impl CudaCommunicator {
+    fn run<R: Send>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(&mut EngineCudaCommunicator) -> Result<R, EngineError> + Send,
+    ) -> PyResult<R> {
+        let rank = self.rank;
+        let outcome = py.detach(|| {
+            let mut guard = self
+                .inner
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            guard.as_mut().map(call)
+        });
+        match outcome {
+            None => Err(to_closed(rank)),
+            Some(result) => result.map_err(|error| to_python(error, rank)),
+        }
+    }
+
+    /// `object`'s memory on this communicator's GPU.
+    fn device_memory(&self, object: &Bound<'_, PyAny>, what: &str) -> PyResult<Memory> {
+        let memory = Memory::of(object, what, true)?;
+        match memory.device {
+            Device::Cuda(ordinal) if ordinal as usize == self.device => Ok(memory),
+            Device::Cuda(ordinal) => Err(invalid(
+                format!(
+                    "{what} is on GPU {ordinal}, the communicator on GPU {}",
+                    self.device
+                ),
+                self.rank,
+            )),
+            Device::Host => Err(invalid(
+                format!("{what} is in host memory: CudaCommunicator takes CUDA tensors"),
+                self.rank,
+            )),
+        }
+    }
+
+    fn same_type(&self, a: &Memory, b: &Memory, what: &str) -> PyResult<DType> {
+        if a.dtype == b.dtype {
+            Ok(a.dtype)
+        } else {
+            Err(invalid(
+                format!(
+                    "{what}: input is {}, output is {}",
+                    dtype_name(a.dtype),
+                    dtype_name(b.dtype)
+                ),
+                self.rank,
+            ))
+        }
+    }
+
+    fn check_counts(&self, what: &str, got: usize, expected: usize) -> PyResult<()> {
+        if got == expected {
+            Ok(())
+        } else {
+            Err(invalid(
+                format!("{what}: got {got} elements, expected {expected}"),
+                self.rank,
+            ))
+        }
+    }
+}
+
+#[pymethods]
+impl CudaCommunicator {
+    /// Joins the communicator on GPU `device` (a CUDA ordinal of this
+    /// process): returns once all ranks have joined and checked
+    /// peer-to-peer access.
+    ///
+    /// `handoff`: "auto" (on the GPU when every rank has its own GPU),
+    /// "gpu" (always: ranks sharing a GPU then need MPS), "host". `p2p`:
+    /// "auto" or "off" (data through pinned host memory over PCIe).
+    /// `handoff_timeout`: seconds a GPU-side wait for a peer lasts before the
+    /// call fails naming it. The rest as for `Communicator`.
+    #[new]
+    // One argument per keyword of the Python signature.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (rendezvous, rank, nranks, device, *, transport="shm", secret=None, join_timeout=30.0, peer_timeout=60.0, handoff="auto", p2p="auto", handoff_timeout=10.0))]
+    fn new(
+        py: Python<'_>,
+        rendezvous: &str,
+        rank: usize,
+        nranks: usize,
+        device: usize,
+        transport: &str,
+        secret: Option<&str>,
+        join_timeout: f64,
+        peer_timeout: f64,
+        handoff: &str,
+        p2p: &str,
+        handoff_timeout: f64,
+    ) -> PyResult<CudaCommunicator> {
+        let handoff = match handoff {
+            "auto" => Handoff::Auto,
+            "gpu" => Handoff::Gpu,
+            "host" => Handoff::Host,
+            other => {
+                return Err(invalid(
+                    format!("handoff {other:?}: expected \"auto\", \"gpu\" or \"host\""),
+                    rank,
+                ))
+            }
+        };
+        let peer_to_peer = match p2p {
+            "auto" => PeerToPeer::Auto,
+            "off" => PeerToPeer::Off,
+            other => {
+                return Err(invalid(
+                    format!("p2p {other:?}: expected \"auto\" or \"off\""),
+                    rank,
+                ))
+            }
+        };
+        let options = CudaOptions {
+            control: comm_options(rank, transport, secret, join_timeout, peer_timeout)?,
+            handoff,
+            peer_to_peer,
+            handoff_timeout: seconds(handoff_timeout, "handoff_timeout", rank)?,
+            ..CudaOptions::default()
+        };
+        let gpu = py
+            .detach(|| Gpu::open(device))
+            .map_err(|error| device_error(error.to_string(), rank, format!("GPU {device}")))?;
+        let mut communicator = py
+            .detach(|| EngineCudaCommunicator::init(rendezvous, rank, nranks, gpu, options))
+            .map_err(|error| to_python(error, rank))?;
+        let transport = communicator.control().transport_name();
+        let stream = communicator.gpu().stream_handle().cu_stream() as usize;
+        let data_path = match communicator.data_path() {
+            DataPath::PeerToPeer => "peer-to-peer".to_owned(),
+            DataPath::HostMapped { reason } => format!("host memory, GPU hand-off ({reason})"),
+            DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
+        };
+        Ok(CudaCommunicator {
+            hands_off_on_gpu: communicator.hands_off_on_gpu(),
+            inner: Arc::new(Mutex::new(Some(communicator))),
+            rank,
+            nranks,
+            device,
+            transport,
+            stream,
+            data_path,
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// The CUDA ordinal of this rank's GPU.
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The CUstream (as an integer) the collectives are queued on: wrap it
+    /// with `torch.cuda.ExternalStream` to order other work against it.
+    #[getter]
+    fn stream(&self) -> usize {
+        self.stream
+    }
+
+    /// Whether ranks hand over on the GPU (the collectives below need it).
+    #[getter]
+    fn hands_off_on_gpu(&self) -> bool {
+        self.hands_off_on_gpu
+    }
+
+    /// How data moves between the GPUs, and why when not peer-to-peer.
+    #[getter]
+    fn data_path(&self) -> &str {
+        &self.data_path
+    }
+
+    /// The host control plane: a host communicator of the same ranks.
+    #[getter]
+    fn control(&self) -> Communicator {
+        Communicator::of_cuda(self.inner.clone(), self.rank, self.nranks, self.transport)
+    }
+
+    /// Queues `output[i]` = `op` over all ranks' `input[i]` on `stream`
+    /// (in place when `output` is None or the same tensor).
+    #[pyo3(signature = (input, output=None, op="sum"))]
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: Option<&Bound<'_, PyAny>>,
+        op: &str,
+    ) -> PyResult<()> {
+        let op = parse_op(op, self.rank)?;
+        let source = self.device_memory(input, "all_reduce input")?;
+        let target = match output {
+            Some(output) => self.device_memory(output, "all_reduce output")?,
+            None => self.device_memory(input, "all_reduce buffer")?,
+        };
+        let dtype = self.same_type(&source, &target, "all_reduce")?;
+        self.check_counts("all_reduce output", target.count, source.count)?;
+        if source.overlaps_partly(&target) {
+            return Err(invalid(
+                "all_reduce: input and output overlap in part",
+                self.rank,
+            ));
+        }
+        self.run(py, |comm| {
+            let stream = comm.gpu().stream_handle();
+            // SAFETY: both are checked device memory of this GPU holding
+            // `count` elements of `dtype`; the caller keeps them alive until
+            // the stream has run the call (pcieipc.torch records them on it).
+            unsafe {
+                comm.all_reduce_raw(
+                    source.address as u64,
+                    target.address as u64,
+                    source.count,
+                    dtype,
+                    op,
+                    &stream,
+                )
+            }
+        })
+    }
+
+    /// Queues rank r's `output` = `op` over all ranks'
+    /// `input[r·m:(r+1)·m]` (m = numel(output)) on `stream`.
+    #[pyo3(signature = (input, output, op="sum"))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        op: &str,
+    ) -> PyResult<()> {
+        let op = parse_op(op, self.rank)?;
+        let source = self.device_memory(input, "reduce_scatter input")?;
+        let target = self.device_memory(output, "reduce_scatter output")?;
+        let dtype = self.same_type(&source, &target, "reduce_scatter")?;
+        self.check_counts(
+            "reduce_scatter input",
+            source.count,
+            self.nranks * target.count,
+        )?;
+        if source.overlaps_partly(&target) || source.address == target.address {
+            return Err(invalid(
+                "reduce_scatter: input and output overlap",
+                self.rank,
+            ));
+        }
+        self.run(py, |comm| {
+            let stream = comm.gpu().stream_handle();
+            // SAFETY: checked, disjoint device memory of this GPU; kept
+            // alive by the caller until the stream has run the call.
+            unsafe {
+                comm.reduce_scatter_raw(
+                    source.address as u64,
+                    target.address as u64,
+                    target.count,
+                    dtype,
+                    op,
+                    &stream,
+                )
+            }
+        })
+    }
+
+    /// Queues `output[r·m:(r+1)·m]` = rank r's `input` (m = numel(input))
+    /// on `stream`; `input` may be this rank's part of `output`.
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let source = self.device_memory(input, "all_gather input")?;
+        let target = self.device_memory(output, "all_gather output")?;
+        let dtype = self.same_type(&source, &target, "all_gather")?;
+        self.check_counts(
+            "all_gather output",
+            target.count,
+            self.nranks * source.count,
+        )?;
+        let own_part = target.address + self.rank * source.bytes();
+        if source.address != own_part
+            && (source.overlaps_partly(&target) || source.address == target.address)
+        {
+            return Err(invalid(
+                "all_gather: input overlaps output other than as this rank's part",
+                self.rank,
+            ));
+        }
+        self.run(py, |comm| {
+            let stream = comm.gpu().stream_handle();
+            // SAFETY: checked device memory of this GPU (input may be this
+            // rank's part of output, which the kernel allows); kept alive
+            // by the caller until the stream has run the call.
+            unsafe {
+                comm.all_gather_raw(
+                    source.address as u64,
+                    target.address as u64,
+                    source.count,
+                    dtype,
+                    &stream,
+                )
+            }
+        })
+    }
+
+    /// Queues every rank's `buffer` = rank `root`'s on `stream`.
+    #[pyo3(signature = (buffer, root=0))]
+    fn broadcast(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
+        let buffer = self.device_memory(buffer, "broadcast buffer")?;
+        self.run(py, |comm| {
+            let stream = comm.gpu().stream_handle();
+            // SAFETY: checked device memory of this GPU; kept alive by the
+            // caller until the stream has run the call.
+            unsafe {
+                comm.broadcast_raw(
+                    buffer.address as u64,
+                    buffer.count,
+                    buffer.dtype,
+                    root,
+                    &stream,
+                )
+            }
+        })
+    }
+
+    /// Waits, asleep, until `stream` has run every queued collective, and
+    /// raises the failure a GPU-side hand-off reported (naming the peer).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |comm| comm.wait_for_gpu())
+    }
+
+    /// Raises the failure a GPU-side hand-off has reported, without waiting.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, |comm| comm.gpu_failure().map_or(Ok(()), Err))
+    }
+
+    /// Leaves the communicator after the GPU has run what was queued.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = py.detach(|| {
+            self.inner
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .take()
+        });
+        match taken {
+            Some(mut communicator) => {
+                let outcome = py.detach(|| communicator.wait_for_gpu());
+                py.detach(move || drop(communicator));
+                outcome.map_err(|error| to_python(error, self.rank))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<pcieipc.CudaCommunicator rank {} of {} on GPU {}, {}>",
+            self.rank, self.nranks, self.device, self.data_path
+        )
+    }
+}

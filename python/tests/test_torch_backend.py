@@ -1,0 +1,94 @@
+"""The torch.distributed backend against Gloo, DDP, the hierarchical path and
+failures, each in real processes (conftest.launch)."""
+
+import secrets
+
+import pytest
+
+from conftest import describe, expect_success, launch
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_every_collective_and_dtype_equals_gloo(tmp_path, nranks):
+    outcomes = expect_success(launch(tmp_path, "collectives", nranks))
+    for outcome in outcomes:
+        result = outcome.result
+        assert result["backend"] == "pcieipc"
+        # 7 dtypes × (5 ops × 3 sizes, a broadcast per root, 3 gathers, 4
+        # reduce-scatters), 4 async calls, reduce, scatter, the call after the
+        # refusals, and gather on its root.
+        assert result["checked"] == 7 * (15 + nranks + 3 + 4) + 7 + (outcome.rank == 0), result
+        assert result["mismatches"] == [], result["mismatches"]
+        assert result["futures_done"]
+        refusals = result["refusals"]
+        assert refusals["int8"][0] == "InvalidArgument" and "torch.int8" in refusals["int8"][1]
+        assert "reduce op" in refusals["band"][1] and "not supported" in refusals["band"][1]
+        assert refusals["send"][0] == "NotImplementedError" and "send is not supported" in refusals["send"][1]
+        assert "not contiguous" in refusals["non-contiguous"][1]
+
+
+def test_host_communicator_takes_buffers_and_refuses_bad_arguments(tmp_path):
+    rendezvous = f"pytest-{secrets.token_hex(6)}"
+    secret = secrets.token_hex(16)
+    outcomes = expect_success(
+        launch(tmp_path, "host_communicator", 2, env_of_rank=lambda r: {"RENDEZVOUS": rendezvous, "SECRET": secret})
+    )
+    for outcome in outcomes:
+        result = outcome.result
+        assert result["sum_ok"] and result["input_untouched"], result
+        assert result["bytearray_max"] and result["all_gather"], result
+        errors = result["errors"]
+        for label in ("length", "types", "overlap", "op", "root"):
+            kind, is_invalid, message = errors[label]
+            assert kind == "InvalidArgument" and is_invalid, (label, errors[label])
+        assert "got 4 elements, expected 3" in errors["length"][2]
+        assert "float32" in errors["types"][2] and "float64" in errors["types"][2]
+        assert "overlap" in errors["overlap"][2]
+        assert "xor" in errors["op"][2]
+        assert "root 2 is out of range" in errors["root"][2]
+        assert errors["int8"][0] == "TypeError" and '"b"' in errors["int8"][2]
+        assert errors["readonly"][0] == "TypeError" and "writable" in errors["readonly"][2]
+        assert errors["strided"][0] == "TypeError" and "contiguous" in errors["strided"][2]
+        assert result["after_errors"], result
+        assert result["closed"] == "the communicator is closed"
+
+
+def test_mismatched_counts_raise_mismatch_error_naming_the_peer(tmp_path):
+    outcomes = expect_success(launch(tmp_path, "mismatched", 2, timeout=120))
+    for outcome in outcomes:
+        result = outcome.result
+        assert result["raised"] == "MismatchError", describe(outcomes)
+        assert result["peer"] == 1 - outcome.rank
+        assert "100" in result["message"] and "101" in result["message"]
+
+
+def test_ddp_with_backend_and_hook_equals_gloo_after_200_steps(tmp_path):
+    outcomes = expect_success(launch(tmp_path, "ddp", 2, timeout=400))
+    for outcome in outcomes:
+        result = outcome.result
+        assert result["trained"], "the parameters did not move: the comparison would prove nothing"
+        assert result["gloo"] and result["pcieipc-hook"] and result["pcieipc-group"], result
+
+
+def test_two_nodes_of_two_ranks_equal_a_flat_gloo_group(tmp_path):
+    outcomes = expect_success(
+        launch(tmp_path, "hierarchical", 4, timeout=400, env_of_rank=lambda r: {"PCIEIPC_NODE": f"node{r // 2}"})
+    )
+    for outcome in outcomes:
+        result = outcome.result
+        assert result["local_size"] == 2 and result["intra_size"] == 2 and result["inter_size"] == 2, result
+        assert result["checked"] >= 7 * 5 * 2 + 4 + 3, result
+        assert result["mismatches"] == [], result["mismatches"]
+
+
+def test_a_rank_killed_mid_training_makes_the_others_raise_naming_it(tmp_path):
+    outcomes = launch(tmp_path, "killed", 3, timeout=180)
+    victim = outcomes[-1]
+    assert victim.returncode == -9, describe(outcomes)
+    for outcome in outcomes[:-1]:
+        result = outcome.result
+        assert result.get("raised") is not None, describe(outcomes)
+        assert "rank 2" in result["message"], result
+        # The engine watches its peers' processes: a death is seen at once,
+        # not after a timeout.
+        assert result["seconds"] < 20, result
