@@ -5,7 +5,9 @@
 # leaking device memory; the GPU hand-off forced: every dtype × op through
 # each algorithm, stream-ordered calls and CUDA graph replay, a killed rank
 # named within the timeout; through device memory and through pinned shared
-# host memory) and `pcieipc bench --transport cuda` with 2 and 4
+# host memory), the Python package on CUDA tensors (python/tests_gpu: every
+# dtype × op through the torch backend, DDP against Gloo, step times), and
+# `pcieipc bench --transport cuda` with 2 and 4
 # ranks (and 2 on the GPU hand-off), results checked. Several ranks share
 # GPU 0.
 #
@@ -26,6 +28,8 @@ build() {
     cargo build --release -q -p pcieipc-cli
     cp "$test_binary" "$dir/cuda-tests"
     cp target/release/pcieipc "$dir/pcieipc"
+    bash scripts/python-build.sh >/dev/null
+    rm -rf "$dir/python-site" && cp -r build/python-site "$dir/python-site"
     log "GPU tests built into $dir"
 }
 
@@ -54,6 +58,9 @@ run() {
     log "the same, the timed calls captured in a CUDA graph and replayed (-G)"
     "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \
         -b 8 -e 256M -f 64 -n 20 -w 5 -c 1 || failed=1
+    log "the Python package on CUDA tensors (python/tests_gpu), with the machine's python3 and torch"
+    python3 -c 'import torch; assert torch.cuda.is_available()' || die "python3 here has no torch with CUDA: the Python GPU tests need it"
+    PYTHONPATH="$(cd "$dir" && pwd)/python-site" python3 python/tests_gpu/test_gpu.py || failed=1
     if [ "$failed" = 0 ]; then echo "GPU tests: PASSED"; else echo "GPU tests: FAILED"; fi
     [ "$failed" = 0 ]
 }

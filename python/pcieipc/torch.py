@@ -22,14 +22,11 @@ process group is another backend (``HookState`` says which groups it uses).
 import atexit
 import gc
 import os
-import queue
 import secrets
 import socket
-import threading
-import weakref
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -153,42 +150,57 @@ class _Work(dist.Work):
         return None
 
 
+class _OnStream:
+    """A CudaCommunicator whose calls are queued on `stream`."""
+
+    def __init__(self, comm: CudaCommunicator, stream: int):
+        self._comm = comm
+        self._stream = stream
+
+    def all_reduce(self, input, output=None, op="sum"):
+        self._comm.all_reduce(input, output, op=op, stream=self._stream)
+
+    def reduce_scatter(self, input, output, op="sum"):
+        self._comm.reduce_scatter(input, output, op=op, stream=self._stream)
+
+    def all_gather(self, input, output):
+        self._comm.all_gather(input, output, stream=self._stream)
+
+    def broadcast(self, buffer, root=0):
+        self._comm.broadcast(buffer, root=root, stream=self._stream)
+
+
+class _Staged:
+    """A CUDA communicator's host control plane taking CUDA tensors through
+    host copies (`.cpu()` waits for the caller's stream), for communicators
+    that hand over on the host."""
+
+    def __init__(self, control: Communicator):
+        self._control = control
+
+    def all_reduce(self, input, output=None, op="sum"):
+        host = input.cpu()
+        self._control.all_reduce(host, op=op)
+        (input if output is None else output).copy_(host)
+
+    def reduce_scatter(self, input, output, op="sum"):
+        host_output = output.cpu()
+        self._control.reduce_scatter(input.cpu(), host_output, op=op)
+        output.copy_(host_output)
+
+    def all_gather(self, input, output):
+        host_output = output.cpu()
+        self._control.all_gather(input.cpu(), host_output)
+        output.copy_(host_output)
+
+    def broadcast(self, buffer, root=0):
+        host = buffer.cpu()
+        self._control.broadcast(host, root=root)
+        buffer.copy_(host)
+
+
 def _value_or_raise(future: torch.futures.Future):
     return future.value()
-
-
-class _Worker:
-    """Runs the host collectives of one process group in call order on a
-    thread of their own, so that async_op=True overlaps with the caller."""
-
-    def __init__(self, name: str):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], object]) -> torch.futures.Future:
-        future = torch.futures.Future()
-        self._queue.put((job, future))
-        return future
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            job, future = item
-            try:
-                future.set_result(job())
-            except BaseException as error:  # handed to the waiter, not lost
-                future.set_exception(error)
-            # A future this frame still held at exit would be destroyed after
-            # the interpreter, which aborts the process.
-            item = job = future = None
 
 
 @dataclass
@@ -237,8 +249,6 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
             peer_timeout=seconds,
         )
         self._cuda: Optional[CudaCommunicator] = None
-        self._cuda_stream = None
-        self._worker = _Worker(f"pcieipc-pg-rank{rank}")
         # Between nodes: torch's own process groups over the same store.
         self._inter_cpu = None
         self._inter_cuda = None
@@ -394,7 +404,6 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
     monitored_barrier = _unsupported("monitored_barrier")
 
     def shutdown(self) -> None:
-        self._worker.stop()
         if self._cuda is not None:
             self._cuda.close()
         self._host.close()
@@ -405,34 +414,37 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
     # -- the collectives over one communicator ----------------------------
 
     def _collective(self, tensors, run, result):
-        """Runs `run(comm, tensors)`: on the host, in call order on the
-        worker thread; on CUDA, queued on the communicator's stream after the
-        caller's current stream, which then waits for it."""
+        """Runs `run(comm, tensors)` in the calling thread (the interpreter
+        lock released while the engine works): on the host it returns when
+        the collective is done, on CUDA once it is queued on the caller's
+        current stream. async_op=True gets a completed Work on the host: a
+        worker thread would let the caller overlap, but handing each call to
+        it cost 120 µs against 18 µs for the whole Python layer
+        (docs/python.md), and the host engine's copies need the CPU the
+        caller would overlap with."""
         device = _same_device(tensors, "the call")
-        if device.type == "cpu":
-            return _Work(self._worker.submit(lambda: _result(run(self._host, tensors), result)))
+        future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
+        try:
+            if device.type == "cpu":
+                value = run(self._host, tensors)
+            else:
+                value = self._run_cuda(device, tensors, run)
+        except Exception as error:  # handed to whoever waits, as torch's own groups do
+            future.set_exception(error)
+            return _Work(future)
+        future.set_result(_result(value, result))
+        return _Work(future)
+
+    def _run_cuda(self, device, tensors, run):
         comm = self._cuda_communicator(device)
         if not comm.hands_off_on_gpu:
-            # Host hand-off (ranks sharing a GPU): through host memory, in order.
-            torch.cuda.current_stream(device).synchronize()
-            host = [t.cpu() for t in tensors]
-            future = self._worker.submit(lambda: run(comm.control, host))
-            future.wait()
-            for t, h in zip(tensors, host):
-                t.copy_(h)
-            return _Work(_done(_result(None, result)))
-        current = torch.cuda.current_stream(device)
-        self._cuda_stream.wait_stream(current)
-        with torch.cuda.stream(self._cuda_stream):
-            run(comm, tensors)
-        for t in tensors:
-            # The caching allocator keeps their memory until our stream is past them.
-            t.record_stream(self._cuda_stream)
-        current.wait_stream(self._cuda_stream)
+            # Host hand-off (ranks sharing a GPU without MPS): through host copies.
+            return run(_Staged(comm.control), tensors)
+        # Queued on the caller's current stream, in order with its work: the
+        # caching allocator and later kernels need nothing more.
+        value = run(_OnStream(comm, torch.cuda.current_stream(device).cuda_stream), tensors)
         comm.check()
-        future = torch.futures.Future(devices=[device])
-        future.set_result(_result(None, result) if result is not None else tensors)
-        return _Work(future)
+        return value
 
     def _cuda_communicator(self, device: torch.device) -> CudaCommunicator:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -453,7 +465,6 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 handoff=os.environ.get(HANDOFF_ENV, "auto"),
                 p2p=os.environ.get(P2P_ENV, "auto"),
             )
-            self._cuda_stream = torch.cuda.ExternalStream(self._cuda.stream, device=device)
         elif self._cuda.device != index:
             raise InvalidArgument(
                 f"pcieipc backend: tensor on cuda:{index}, the group's GPU is cuda:{self._cuda.device}"
@@ -499,8 +510,8 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
         shard = work.new_empty(padded // local)
         comm.reduce_scatter(work, shard, op=op)
-        # On CUDA this runs with the communicator's stream current: torch's
-        # group orders its own stream after it, and `wait` orders it back.
+        # On CUDA, torch's group orders its own stream after the current one,
+        # and `wait` orders the current one after it.
         opts = dist.AllreduceOptions()
         opts.reduceOp = {v: k for k, v in _OPS.items()}[op]
         inter.allreduce([shard], opts).wait()
@@ -562,12 +573,6 @@ def _result(value, result):
     return result if result is not None else value
 
 
-def _done(value) -> torch.futures.Future:
-    future = torch.futures.Future()
-    future.set_result(value)
-    return future
-
-
 def node_name() -> str:
     """The machine this process runs on: PCIEIPC_NODE where set (to
     simulate nodes on one machine), else the host name and boot id."""
@@ -602,12 +607,7 @@ def _local_size(store, rank: int, size: int) -> int:
 
 
 def _create(store, rank, size, timeout):
-    group = ProcessGroupPcieipc(store, rank, size, timeout)
-    _LIVE_GROUPS.add(group)
-    return group
-
-
-_LIVE_GROUPS: "weakref.WeakSet[ProcessGroupPcieipc]" = weakref.WeakSet()
+    return ProcessGroupPcieipc(store, rank, size, timeout)
 
 
 @atexit.register
@@ -616,8 +616,6 @@ def _release_at_exit() -> None:
     # reference cycles (exception → traceback → frame → Work → future). Left
     # to the end of the interpreter, torch destroys such a future after
     # Python is gone and the process aborts; collect them while it lives.
-    for group in list(_LIVE_GROUPS):
-        group._worker.stop()
     gc.collect()
 
 

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use pcieipc::engine::cuda::{
-    CudaCommunicator as EngineCudaCommunicator, CudaOptions, DataPath, Gpu, Handoff, PeerToPeer,
+    CudaCommunicator as EngineCudaCommunicator, CudaOptions, CudaStream, DataPath, Gpu, Handoff,
+    PeerToPeer,
 };
 use pcieipc::engine::{DType, EngineError};
 use pyo3::prelude::*;
@@ -18,9 +19,9 @@ use crate::memory::{dtype_name, Device, Memory};
 /// A communicator of `nranks` processes, each with CUDA tensors on GPU
 /// `device`, joined at `rendezvous` as `rank`.
 ///
-/// Collectives are queued on `stream` and return at once; `synchronize()`
-/// waits for them. They need the GPU hand-off (`hands_off_on_gpu`), which
-/// init takes when every rank has a GPU of its own; where ranks share a GPU
+/// Collectives are queued on the caller's stream (or the communicator's
+/// own, `stream`) and return at once; `synchronize()` waits for the own
+/// one. They need the GPU hand-off (`hands_off_on_gpu`), which init takes when every rank has a GPU of its own; where ranks share a GPU
 /// the hand-off is on the host, and `control` (a host communicator over the
 /// same rendezvous) carries host copies instead.
 #[pyclass(module = "pcieipc", name = "CudaCommunicator")]
@@ -97,6 +98,24 @@ impl CudaCommunicator {
                 format!("{what}: got {got} elements, expected {expected}"),
                 self.rank,
             ))
+        }
+    }
+}
+
+/// The stream a call is queued on: the caller's `handle`, or the
+/// communicator's own.
+fn queue_on(
+    comm: &EngineCudaCommunicator,
+    handle: Option<usize>,
+) -> Result<Arc<CudaStream>, EngineError> {
+    match handle {
+        None => Ok(comm.gpu().stream_handle()),
+        Some(handle) => {
+            // SAFETY: a stream handle the caller passed for this call; torch
+            // keeps its streams alive for the process's life, and any caller
+            // keeps a stream alive while work queued on it runs.
+            let borrowed = unsafe { comm.gpu().borrow_stream(handle) };
+            borrowed.map_err(|error| comm.cuda_error(error))
         }
     }
 }
@@ -199,8 +218,8 @@ impl CudaCommunicator {
         self.device
     }
 
-    /// The CUstream (as an integer) the collectives are queued on: wrap it
-    /// with `torch.cuda.ExternalStream` to order other work against it.
+    /// The communicator's own CUstream (as an integer): calls given no
+    /// stream are queued on it, and `synchronize` waits for it.
     #[getter]
     fn stream(&self) -> usize {
         self.stream
@@ -224,15 +243,18 @@ impl CudaCommunicator {
         Communicator::of_cuda(self.inner.clone(), self.rank, self.nranks, self.transport)
     }
 
-    /// Queues `output[i]` = `op` over all ranks' `input[i]` on `stream`
-    /// (in place when `output` is None or the same tensor).
-    #[pyo3(signature = (input, output=None, op="sum"))]
+    /// Queues `output[i]` = `op` over all ranks' `input[i]` (in place when
+    /// `output` is None or the same tensor). `stream`: the CUstream to queue
+    /// on (torch: `torch.cuda.current_stream().cuda_stream`); None: the
+    /// communicator's own, `stream` above.
+    #[pyo3(signature = (input, output=None, op="sum", stream=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
         input: &Bound<'_, PyAny>,
         output: Option<&Bound<'_, PyAny>>,
         op: &str,
+        stream: Option<usize>,
     ) -> PyResult<()> {
         let op = parse_op(op, self.rank)?;
         let source = self.device_memory(input, "all_reduce input")?;
@@ -249,7 +271,7 @@ impl CudaCommunicator {
             ));
         }
         self.run(py, |comm| {
-            let stream = comm.gpu().stream_handle();
+            let stream = queue_on(comm, stream)?;
             // SAFETY: both are checked device memory of this GPU holding
             // `count` elements of `dtype`; the caller keeps them alive until
             // the stream has run the call (pcieipc.torch records them on it).
@@ -268,13 +290,14 @@ impl CudaCommunicator {
 
     /// Queues rank r's `output` = `op` over all ranks'
     /// `input[r·m:(r+1)·m]` (m = numel(output)) on `stream`.
-    #[pyo3(signature = (input, output, op="sum"))]
+    #[pyo3(signature = (input, output, op="sum", stream=None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
         input: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
         op: &str,
+        stream: Option<usize>,
     ) -> PyResult<()> {
         let op = parse_op(op, self.rank)?;
         let source = self.device_memory(input, "reduce_scatter input")?;
@@ -292,7 +315,7 @@ impl CudaCommunicator {
             ));
         }
         self.run(py, |comm| {
-            let stream = comm.gpu().stream_handle();
+            let stream = queue_on(comm, stream)?;
             // SAFETY: checked, disjoint device memory of this GPU; kept
             // alive by the caller until the stream has run the call.
             unsafe {
@@ -310,11 +333,13 @@ impl CudaCommunicator {
 
     /// Queues `output[r·m:(r+1)·m]` = rank r's `input` (m = numel(input))
     /// on `stream`; `input` may be this rank's part of `output`.
+    #[pyo3(signature = (input, output, stream=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
         input: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
+        stream: Option<usize>,
     ) -> PyResult<()> {
         let source = self.device_memory(input, "all_gather input")?;
         let target = self.device_memory(output, "all_gather output")?;
@@ -334,7 +359,7 @@ impl CudaCommunicator {
             ));
         }
         self.run(py, |comm| {
-            let stream = comm.gpu().stream_handle();
+            let stream = queue_on(comm, stream)?;
             // SAFETY: checked device memory of this GPU (input may be this
             // rank's part of output, which the kernel allows); kept alive
             // by the caller until the stream has run the call.
@@ -351,11 +376,17 @@ impl CudaCommunicator {
     }
 
     /// Queues every rank's `buffer` = rank `root`'s on `stream`.
-    #[pyo3(signature = (buffer, root=0))]
-    fn broadcast(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
+    #[pyo3(signature = (buffer, root=0, stream=None))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        buffer: &Bound<'_, PyAny>,
+        root: usize,
+        stream: Option<usize>,
+    ) -> PyResult<()> {
         let buffer = self.device_memory(buffer, "broadcast buffer")?;
         self.run(py, |comm| {
-            let stream = comm.gpu().stream_handle();
+            let stream = queue_on(comm, stream)?;
             // SAFETY: checked device memory of this GPU; kept alive by the
             // caller until the stream has run the call.
             unsafe {

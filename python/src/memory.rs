@@ -98,10 +98,15 @@ impl Memory {
     /// `object`'s memory, writable if `writable`: through the buffer
     /// protocol where the object has it, else through `__dlpack__`.
     pub fn of(object: &Bound<'_, PyAny>, what: &str, writable: bool) -> PyResult<Memory> {
-        if object.hasattr("__dlpack__")? && !has_buffer(object) {
-            return Memory::from_dlpack(object, what);
+        match Memory::from_buffer(object, what, writable)? {
+            Some(memory) => Ok(memory),
+            None if object.hasattr("__dlpack__")? => Memory::from_dlpack(object, what),
+            None => Err(PyTypeError::new_err(format!(
+                "{what}: needs a C-contiguous buffer (numpy array, bytearray, memoryview) or a \
+                 tensor with __dlpack__, got {}",
+                object.get_type().name()?
+            ))),
         }
-        Memory::from_buffer(object, what, writable)
     }
 
     pub fn bytes(&self) -> usize {
@@ -115,7 +120,13 @@ impl Memory {
         a < b_end && b < a_end && !(a == b && self.bytes() == other.bytes())
     }
 
-    fn from_buffer(object: &Bound<'_, PyAny>, what: &str, writable: bool) -> PyResult<Memory> {
+    /// `object`'s memory through the buffer protocol; `None` when it does
+    /// not export buffers at all (a torch tensor: DLPack is tried next).
+    fn from_buffer(
+        object: &Bound<'_, PyAny>,
+        what: &str,
+        writable: bool,
+    ) -> PyResult<Option<Memory>> {
         let mut view = Box::new(RawBuffer {
             buf: std::ptr::null_mut(),
             obj: std::ptr::null_mut(),
@@ -134,8 +145,13 @@ impl Memory {
         // `view` a writable Py_buffer-shaped block.
         if unsafe { PyObject_GetBuffer(object.as_ptr(), &mut *view, flags) } != 0 {
             let cause = PyErr::fetch(object.py());
+            // TypeError: no buffer support; BufferError: a buffer, but not
+            // one this call can take (strided, read-only).
+            if cause.is_instance_of::<PyTypeError>(object.py()) {
+                return Ok(None);
+            }
             return Err(PyTypeError::new_err(format!(
-                "{what}: needs a C-contiguous{} buffer or a tensor with __dlpack__: {cause}",
+                "{what}: needs a C-contiguous{} buffer: {cause}",
                 if writable { ", writable" } else { "" }
             )));
         }
@@ -165,6 +181,7 @@ impl Memory {
             Device::Host,
             hold,
         )
+        .map(Some)
     }
 
     fn from_dlpack(object: &Bound<'_, PyAny>, what: &str) -> PyResult<Memory> {
@@ -270,16 +287,6 @@ pub fn dtype_name(dtype: DType) -> &'static str {
         DType::I64 => "int64",
         DType::U8 => "uint8",
     }
-}
-
-fn has_buffer(object: &Bound<'_, PyAny>) -> bool {
-    // memoryview() succeeds exactly for buffer-protocol exporters.
-    object
-        .py()
-        .import("builtins")
-        .and_then(|builtins| builtins.getattr("memoryview"))
-        .and_then(|memoryview| memoryview.call1((object,)))
-        .is_ok()
 }
 
 fn is_cuda(object: &Bound<'_, PyAny>) -> PyResult<bool> {

@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
@@ -81,7 +79,7 @@ def launch(tmp_path: Path, scenario: str, nranks: int, timeout: float = 240, env
         result = json.loads(result_file.read_text()) if result_file.exists() else {}
         outcomes.append(RankOutcome(rank, process.returncode, (tmp_path / f"rank{rank}.log").read_text(), result))
     if hung:
-        pytest.fail(f"{scenario} on {nranks} ranks hung past {timeout} s:\n" + describe(outcomes))
+        raise AssertionError(f"{scenario} on {nranks} ranks hung past {timeout} s:\n" + describe(outcomes))
     return outcomes
 
 

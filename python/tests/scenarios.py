@@ -355,5 +355,108 @@ def killed() -> None:
     os._exit(0)
 
 
+def local_reference(count: int, dtype, op: str) -> torch.Tensor:
+    """The all_reduce of every rank's `values`, computed here in 64 bits."""
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    stacked = torch.stack([values(r, count, dtype, op).to(wide) for r in range(WORLD)])
+    if op in ("sum", "avg"):
+        result = stacked.sum(0)
+        if op == "avg":
+            result = result / WORLD if dtype.is_floating_point else torch.div(result, WORLD, rounding_mode="trunc")
+    elif op == "product":
+        result = stacked.prod(0)
+    elif op == "min":
+        result = stacked.min(0).values
+    else:
+        result = stacked.max(0).values
+    return result.to(dtype)
+
+
+def cuda_collectives() -> None:
+    """The backend on CUDA tensors (GPU tests): every dtype and op against a
+    reference computed on the host, the other collectives, async calls
+    ordered on the caller's stream."""
+    device = torch.device("cuda", int(os.environ.get("GPU", "0")))
+    torch.cuda.set_device(device)
+    init()
+    mismatches, checked = [], 0
+
+    def check(name, got, expected):
+        nonlocal checked
+        checked += 1
+        if not torch.equal(got.cpu(), expected.cpu()):
+            mismatches.append(name)
+
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in (1, 37, 4099, 300_001):
+                got = values(RANK, count, dtype, op).to(device)
+                dist.all_reduce(got, op=OPS[op])
+                check(f"all_reduce {dtype} {op} {count}", got, local_reference(count, dtype, op))
+        for root in range(WORLD):
+            got = values(RANK, 5000, dtype, "sum").to(device)
+            dist.broadcast(got, src=root)
+            check(f"broadcast {dtype} {root}", got, values(root, 5000, dtype, "sum"))
+        gathered = torch.empty(WORLD * 5000, dtype=dtype, device=device)
+        dist.all_gather_into_tensor(gathered, values(RANK, 5000, dtype, "sum").to(device))
+        check(f"all_gather {dtype}", gathered, torch.cat([values(r, 5000, dtype, "sum") for r in range(WORLD)]))
+        scattered = torch.empty(5000, dtype=dtype, device=device)
+        dist.reduce_scatter_tensor(scattered, values(RANK, WORLD * 5000, dtype, "sum").to(device))
+        check(f"reduce_scatter {dtype}", scattered, local_reference(WORLD * 5000, dtype, "sum")[RANK * 5000 : (RANK + 1) * 5000])
+    # async: the result is used on the caller's stream right after wait().
+    tensors = [values(RANK, 1 << 20, torch.float32, "sum").to(device) for _ in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for index, (work, tensor) in enumerate(zip(works, tensors)):
+        work.wait()
+        check(f"async {index}", tensor * 2, local_reference(1 << 20, torch.float32, "sum") * 2)
+    group = dist.distributed_c10d._get_default_group()
+    report(
+        {
+            "checked": checked,
+            "mismatches": mismatches,
+            "data_path": group._cuda.data_path,
+            "hands_off_on_gpu": group._cuda.hands_off_on_gpu,
+        }
+    )
+    dist.destroy_process_group()
+
+
+def cuda_ddp() -> None:
+    """The example model on CUDA for 200 steps: DDP over a pcieipc group and
+    over Gloo (GPU tests), parameters and step times."""
+    import statistics
+
+    import ddp_train
+
+    device = torch.device("cuda", int(os.environ.get("GPU", "0")))
+    torch.cuda.set_device(device)
+    init("gloo")
+    results, times = {}, {}
+    for mode in ("gloo", "pcieipc-group"):
+        group = dist.new_group(backend="pcieipc") if mode == "pcieipc-group" else None
+        torch.manual_seed(0)
+        model = ddp_train.make_model().to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        steps = []
+        for step in range(200):
+            inputs, targets = ddp_train.batch(step, RANK, device)
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(ddp(inputs), targets).backward()
+            optimizer.step()
+            torch.cuda.synchronize(device)
+            steps.append(time.perf_counter() - started)
+        results[mode] = [p.detach().cpu() for p in model.parameters()]
+        times[mode] = statistics.median(steps[10:]) * 1e3
+    report(
+        {
+            "equal": all(torch.equal(a, b) for a, b in zip(results["gloo"], results["pcieipc-group"])),
+            "median_step_ms": times,
+        }
+    )
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

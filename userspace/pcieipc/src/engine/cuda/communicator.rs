@@ -450,6 +450,12 @@ impl CudaCommunicator {
         self.rank
     }
 
+    /// `error`, a CUDA failure of this rank's (borrowing a caller's stream,
+    /// say), as the engine reports it.
+    pub fn cuda_error(&self, error: CudaError) -> EngineError {
+        on_rank(self.rank)(error)
+    }
+
     pub fn nranks(&self) -> usize {
         self.nranks
     }

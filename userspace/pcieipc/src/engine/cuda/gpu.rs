@@ -35,6 +35,9 @@ pub enum CudaError {
     #[error("the control plane's segment has no backend area of {bytes} bytes per rank for the GPU hand-off through host memory (its transport keeps its windows in device memory, or rank 0 asked for none)")]
     NoHostExchange { bytes: usize },
 
+    #[error("GPU {ordinal}: stream {stream:#x} belongs to another CUDA context than this GPU's primary one")]
+    ForeignStream { ordinal: usize, stream: usize },
+
     #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
     BufferLength {
         ordinal: usize,
@@ -194,6 +197,36 @@ impl Gpu {
         self.done
             .synchronize()
             .map_err(self.driver("waiting for the GPU"))
+    }
+
+    /// A stream another library made in this GPU's primary context (torch's
+    /// current stream, say), for stream-ordered calls queued in order with
+    /// that library's work; dropping the wrapper leaves the stream alone.
+    /// Refused when the stream belongs to another context. 0 is the legacy
+    /// default stream.
+    ///
+    /// # Safety
+    ///
+    /// `handle` is a live CUstream, kept alive by its owner while the
+    /// returned wrapper (and any call queued on it) may use it.
+    pub unsafe fn borrow_stream(&self, handle: usize) -> Result<Arc<CudaStream>, CudaError> {
+        self.bind()?;
+        let stream = handle as sys::CUstream;
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the caller's promise that `handle` is a live stream; the
+        // driver writes the stream's context into `context`.
+        unsafe { sys::cuStreamGetCtx(stream, &mut context) }
+            .result()
+            .map_err(self.driver("reading the stream's context"))?;
+        if context != self.ctx.cu_ctx() {
+            return Err(CudaError::ForeignStream {
+                ordinal: self.ordinal(),
+                stream: handle,
+            });
+        }
+        // SAFETY: `stream` belongs to this context (checked) and its owner
+        // keeps it alive (the caller's promise).
+        Ok(unsafe { self.ctx.wrap_borrowed_stream(stream) })
     }
 
     /// A new stream of this GPU's context, for stream-ordered calls.
