@@ -285,7 +285,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         pairs = []
         for outputs, input in zip(output_lists, inputs):
             input = _check_tensor(input, "all_gather input")
-            flat = torch.empty((self._size,) + tuple(input.shape), dtype=input.dtype, device=input.device)
+            flat = self._one_per_rank(input)
             pairs.append((outputs, input, flat))
 
         def gather(comm, _):
@@ -368,7 +368,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
 
         def gather(comm, _):
             for index, input in enumerate(inputs):
-                flat = torch.empty((self._size,) + tuple(input.shape), dtype=input.dtype, device=input.device)
+                flat = self._one_per_rank(input)
                 self._all_gather(comm, input, flat)
                 if self._rank == root:
                     for out, part in zip(output_lists[index], flat):
@@ -383,7 +383,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
 
         def scatter(comm, _):
             for index, output in enumerate(outputs):
-                flat = torch.empty((self._size,) + tuple(output.shape), dtype=output.dtype, device=output.device)
+                flat = self._one_per_rank(output)
                 if self._rank == root:
                     flat.copy_(torch.stack(list(input_lists[index])))
                 self._broadcast(comm, [flat], root)
@@ -445,6 +445,10 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         value = run(_OnStream(comm, torch.cuda.current_stream(device).cuda_stream), tensors)
         comm.check()
         return value
+
+    def _one_per_rank(self, like: torch.Tensor) -> torch.Tensor:
+        """An empty tensor of `like`'s kind holding one `like` per rank."""
+        return like.new_empty((self._size,) + tuple(like.shape))
 
     def _cuda_communicator(self, device: torch.device) -> CudaCommunicator:
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -121,8 +121,21 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
         | E::BadWindowSizes { .. }
         | E::AlgorithmUnavailable { .. }
         | E::WrongGpu { .. } => InvalidArgument::new_err(message),
-        _ => DeviceError::new_err(message),
+        E::Transport { .. }
+        | E::BindCpu { .. }
+        | E::SharedMemory { .. }
+        | E::DeviceFault { .. } => DeviceError::new_err(message),
     };
+    with_attributes(error, rank, peer, device)
+}
+
+/// `error` with the attributes every pcieipc exception carries.
+fn with_attributes(
+    error: PyErr,
+    rank: usize,
+    peer: Option<usize>,
+    device: Option<String>,
+) -> PyErr {
     Python::attach(|py| {
         let value = error.value(py);
         // Setting attributes on a fresh exception instance cannot fail
@@ -136,35 +149,22 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
 
 /// An argument refused by the binding itself, as `InvalidArgument` on `rank`.
 pub fn invalid(message: impl Into<String>, rank: usize) -> PyErr {
-    let error = InvalidArgument::new_err(message.into());
-    Python::attach(|py| {
-        let value = error.value(py);
-        let _ = value.setattr("rank", rank);
-        let _ = value.setattr("peer", py.None());
-        let _ = value.setattr("device", py.None());
-    });
-    error
+    with_attributes(InvalidArgument::new_err(message.into()), rank, None, None)
 }
 
 /// A failure of `device` on `rank` outside the engine (opening a GPU).
 pub fn device_error(message: String, rank: usize, device: String) -> PyErr {
-    let error = DeviceError::new_err(message);
-    Python::attach(|py| {
-        let value = error.value(py);
-        let _ = value.setattr("rank", rank);
-        let _ = value.setattr("peer", py.None());
-        let _ = value.setattr("device", device);
-    });
-    error
+    with_attributes(DeviceError::new_err(message), rank, None, Some(device))
 }
 
 /// The error of a call on a closed communicator.
 pub fn to_closed(rank: usize) -> PyErr {
-    let error = Error::new_err("the communicator is closed");
-    Python::attach(|py| {
-        let _ = error.value(py).setattr("rank", rank);
-    });
-    error
+    with_attributes(
+        Error::new_err("the communicator is closed"),
+        rank,
+        None,
+        None,
+    )
 }
 
 /// `InvalidArgument` also is a `ValueError`: callers that catch bad
