@@ -258,29 +258,35 @@ impl CudaCommunicator {
     ) -> PyResult<()> {
         let op = parse_op(op, self.rank)?;
         let source = self.device_memory(input, "all_reduce input")?;
-        let target = match output {
-            Some(output) => self.device_memory(output, "all_reduce output")?,
-            None => self.device_memory(input, "all_reduce buffer")?,
+        let target = output
+            .map(|output| self.device_memory(output, "all_reduce output"))
+            .transpose()?;
+        let output_address = match &target {
+            None => source.address,
+            Some(target) => {
+                self.same_type(&source, target, "all_reduce")?;
+                self.check_counts("all_reduce output", target.count, source.count)?;
+                if source.overlaps_partly(target) {
+                    return Err(invalid(
+                        "all_reduce: input and output overlap in part",
+                        self.rank,
+                    ));
+                }
+                target.address
+            }
         };
-        let dtype = self.same_type(&source, &target, "all_reduce")?;
-        self.check_counts("all_reduce output", target.count, source.count)?;
-        if source.overlaps_partly(&target) {
-            return Err(invalid(
-                "all_reduce: input and output overlap in part",
-                self.rank,
-            ));
-        }
         self.run(py, |comm| {
             let stream = queue_on(comm, stream)?;
-            // SAFETY: both are checked device memory of this GPU holding
-            // `count` elements of `dtype`; the caller keeps them alive until
-            // the stream has run the call (pcieipc.torch records them on it).
+            // SAFETY: checked device memory of this GPU holding `count`
+            // elements of `dtype`; the caller keeps it alive until the stream
+            // has run the call (pcieipc.torch queues on the tensors' own
+            // stream, on which torch's caching allocator orders their reuse).
             unsafe {
                 comm.all_reduce_raw(
                     source.address as u64,
-                    target.address as u64,
+                    output_address as u64,
                     source.count,
-                    dtype,
+                    source.dtype,
                     op,
                     &stream,
                 )
@@ -317,7 +323,8 @@ impl CudaCommunicator {
         self.run(py, |comm| {
             let stream = queue_on(comm, stream)?;
             // SAFETY: checked, disjoint device memory of this GPU; kept
-            // alive by the caller until the stream has run the call.
+            // alive by the caller until the stream has run the call (as in
+            // all_reduce).
             unsafe {
                 comm.reduce_scatter_raw(
                     source.address as u64,
