@@ -52,6 +52,7 @@ engine-aer.toml engine-aer.sh
 engine-aer.toml engine-tracefs.sh
 engine-aer.toml engine-fatal.sh
 engine-aer.toml engine-retrain.sh
+engine-aer.toml engine-follow.sh
 LIST
 
 # Progress, one line as each step starts and one as it ends, on stderr:

@@ -124,7 +124,8 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
         E::Transport { .. }
         | E::BindCpu { .. }
         | E::SharedMemory { .. }
-        | E::DeviceFault { .. } => DeviceError::new_err(message),
+        | E::DeviceFault { .. }
+        | E::FollowDevice { .. } => DeviceError::new_err(message),
     };
     with_attributes(error, rank, peer, device)
 }

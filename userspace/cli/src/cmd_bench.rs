@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, Handoff, PeerRead, PeerToPeer};
 use pcieipc::engine::{
     bf16, f16, transport, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element,
-    JobSecret, LinkFacts, ReduceOp, TransportOptions, SECRET_ENV,
+    JobSecret, LinkDevice, LinkFacts, ReduceOp, TransportOptions, SECRET_ENV,
 };
 use pcieipc::probe::{Bdf, HealthModel, Topology};
 use pcieipc::trace::TRACE_ENV;
@@ -304,8 +304,8 @@ fn options(args: &Args, rank: usize) -> anyhow::Result<CommOptions> {
     })
 }
 
-/// The link `--link-of` gives `rank`, as the probe sees it.
-fn link_of(args: &Args, rank: usize) -> anyhow::Result<Option<LinkFacts>> {
+/// The function `--link-of` gives `rank`, and its link as the probe sees it.
+fn link_of(args: &Args, rank: usize) -> anyhow::Result<Option<(LinkFacts, LinkDevice)>> {
     let bdf = match args.link_of.as_slice() {
         [] => return Ok(None),
         [one] => *one,
@@ -337,15 +337,23 @@ fn link_of(args: &Args, rank: usize) -> anyhow::Result<Option<LinkFacts>> {
     let facts = LinkFacts::of_device(&topology, device).with_context(|| {
         format!("--link-of: no link of known speed and width between {bdf} and its host bridge")
     })?;
-    Ok(Some(facts))
+    Ok(Some((
+        facts,
+        LinkDevice {
+            bdf,
+            root: root.clone(),
+        },
+    )))
 }
 
 fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCode> {
     let joining = || format!("rank {rank} joining {rendezvous:?}");
     match args.transport {
         BenchTransport::Host(_) => {
+            let link = link_of(args, rank)?;
             let options = CommOptions {
-                link: link_of(args, rank)?,
+                link: link.as_ref().map(|(facts, _)| *facts),
+                link_device: link.map(|(_, device)| device),
                 ..options(args, rank)?
             };
             let comm =

@@ -203,6 +203,13 @@ pub enum EngineError {
         recovery: super::fault_policy::Recovery,
     },
 
+    #[error("rank {rank}: {source}")]
+    FollowDevice {
+        rank: usize,
+        #[source]
+        source: super::followed_device::FollowError,
+    },
+
     #[error("broadcast root {root} is out of range for {nranks} ranks")]
     RootOutOfRange { root: usize, nranks: usize },
 }

@@ -59,6 +59,7 @@ impl Recovery {
             Recovery::Failed => [2, 0],
             Recovery::Gone => [3, 0],
             Recovery::Unfinished { waited_ms } => [4, u64::from(waited_ms)],
+            Recovery::Answering => [5, 0],
         }
     }
 
@@ -67,6 +68,7 @@ impl Recovery {
             1 => Recovery::Recovered,
             2 => Recovery::Failed,
             3 => Recovery::Gone,
+            5 => Recovery::Answering,
             4 => Recovery::Unfinished {
                 waited_ms: u32::try_from(words[1]).ok()?,
             },

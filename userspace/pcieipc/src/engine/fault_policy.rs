@@ -74,10 +74,14 @@ pub fn action(fault: &Fault) -> Option<FaultAction> {
 }
 
 /// How the kernel's recovery of a device ended, as far as a rank waited.
+/// `Recovered` and `Answering` let the ranks go on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recovery {
     /// The driver's `resume` came: the device works again.
     Recovered,
+    /// A device bound to another driver answers config reads again with its
+    /// link up: all that is visible of its recovery outside its driver.
+    Answering,
     /// The kernel gave the device up (permanent failure, `disconnect`).
     Failed,
     /// The device is gone (removed, or its config space reads all ones).
@@ -90,6 +94,7 @@ impl fmt::Display for Recovery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Recovery::Recovered => f.write_str("recovered (resume)"),
+            Recovery::Answering => f.write_str("answering again (config reads, link up)"),
             Recovery::Failed => f.write_str("failed (permanent failure)"),
             Recovery::Gone => f.write_str("device gone"),
             Recovery::Unfinished { waited_ms } => {

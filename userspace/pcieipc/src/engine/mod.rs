@@ -21,6 +21,7 @@ mod dtype;
 mod error;
 mod failure;
 pub mod fault_policy;
+mod followed_device;
 pub mod schedule;
 pub mod transport;
 
@@ -29,6 +30,7 @@ pub use comm::{CallDescriptor, CallKind, CommOptions, Communicator};
 pub use dtype::{bf16, f16, DType, Element, ReduceOp, UnknownDType, UnknownReduceOp};
 pub use error::EngineError;
 pub use failure::{Corruption, Failure};
+pub use followed_device::{FollowError, LinkDevice};
 pub use schedule::{Algorithm, AlgorithmChoice, UnknownAlgorithm};
 pub use transport::{
     BadSecret, Capabilities, JobSecret, PcieipcError, PcieipcOptions, ShmOptions, TransportOptions,

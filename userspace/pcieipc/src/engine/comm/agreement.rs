@@ -26,6 +26,15 @@ const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
 /// the rank meanwhile, well within their `peer_timeout`.
 pub(crate) const RECOVERY_WAIT: Duration = Duration::from_secs(10);
 
+/// Who reported a fault, and so who sees the end of its recovery.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reporter {
+    /// The transport's own device (the module's events).
+    Transport,
+    /// The device followed through the kernel's tracepoints.
+    Followed,
+}
+
 impl Communicator {
     /// Starts call number `self.calls`: refuses if the communicator has failed,
     /// settles the chunk size, and publishes the call for the peers to check.
@@ -131,13 +140,17 @@ impl Communicator {
     /// recovery for a non-fatal one, and the communicator's failure, named
     /// for every rank, for a fatal one, a surprise down or a device gone.
     pub(crate) fn follow_link_events(&mut self) -> Result<(), EngineError> {
-        if !self.transport.capabilities().link_events
+        let transport_follows = self.transport.capabilities().link_events;
+        if !(transport_follows || self.followed.is_some())
             || self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD
         {
             return Ok(());
         }
         self.link_events_polled = Instant::now();
-        let poll = self.transport.poll_link();
+        let (poll, reporter) = match self.followed.as_mut() {
+            Some(followed) => (followed.poll(), Reporter::Followed),
+            None => (self.transport.poll_link(), Reporter::Transport),
+        };
         if let Some(link) = poll.facts {
             if let Some(trace) = &self.trace {
                 trace.instant(
@@ -152,26 +165,38 @@ impl Communicator {
         // After the facts the poll read: acting on a fault may change them
         // again (a retrain).
         for fault in poll.faults {
-            self.act_on(fault)?;
+            self.act_on(fault, reporter)?;
         }
         Ok(())
     }
 
-    fn act_on(&mut self, fault: Fault) -> Result<(), EngineError> {
+    fn act_on(&mut self, fault: Fault, reporter: Reporter) -> Result<(), EngineError> {
         let Some(mut action) = fault_policy::action(&fault) else {
             return Ok(());
         };
         let started = Instant::now();
         let recovery = match action {
             FaultAction::SmallerChunk => None,
-            FaultAction::AwaitRecovery | FaultAction::Fail => {
-                Some(self.transport.await_recovery(RECOVERY_WAIT))
-            }
+            FaultAction::AwaitRecovery | FaultAction::Fail => Some(match reporter {
+                Reporter::Transport => self.transport.await_recovery(RECOVERY_WAIT),
+                Reporter::Followed => self
+                    .followed
+                    .as_mut()
+                    .map_or(Recovery::Unfinished { waited_ms: 0 }, |followed| {
+                        followed.await_recovery(RECOVERY_WAIT)
+                    }),
+            }),
         };
-        if recovery.is_some_and(|recovery| recovery != Recovery::Recovered) {
+        if recovery
+            .is_some_and(|recovery| !matches!(recovery, Recovery::Recovered | Recovery::Answering))
+        {
             action = FaultAction::Fail;
         }
-        let retrained = (action == FaultAction::AwaitRecovery && self.options.retrain_degraded)
+        // Retraining needs the module's link control of a device it watches:
+        // the transport's own device only.
+        let retrained = (action == FaultAction::AwaitRecovery
+            && self.options.retrain_degraded
+            && reporter == Reporter::Transport)
             .then(|| self.transport.retrain_degraded_link())
             .flatten();
         if let Some(link) = retrained {

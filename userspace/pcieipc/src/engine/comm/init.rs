@@ -11,6 +11,7 @@ use super::options::CommOptions;
 use super::slots::MESSAGE_HEADER_BYTES;
 use super::{Communicator, StreamCounts};
 use crate::engine::error::EngineError;
+use crate::engine::followed_device::FollowedDevice;
 use crate::engine::transport::{Setup, WindowSizes};
 use crate::trace::{Recorder, TRACE_ENV};
 
@@ -72,6 +73,19 @@ impl Communicator {
             transport.log_wakes();
         }
         let link = transport.device_link().or(options.link);
+        // A device the transport does not follow, followed through the
+        // kernel's tracepoints where the job asks for them.
+        let followed = match (
+            &options.link_device,
+            transport.capabilities().link_events,
+            crate::engine::transport::link_tracefs_root(),
+        ) {
+            (Some(device), false, Some(root)) => Some(
+                FollowedDevice::open(device, link, &root)
+                    .map_err(|source| EngineError::FollowDevice { rank, source })?,
+            ),
+            _ => None,
+        };
         // Rank 0's choice: the windows were sized with it.
         let in_flight = transport.sizes().raw_slots - 1;
         let mut communicator = Communicator {
@@ -95,6 +109,7 @@ impl Communicator {
             trace: trace_file.map(|file| Recorder::new(rank, file)),
             init_time: Duration::ZERO,
             single_copy: false,
+            followed,
         };
         communicator.set_link(link);
         communicator.single_copy = communicator.agree_on_peer_reads()?;

@@ -32,6 +32,13 @@ pub struct CommOptions {
     /// changed later with `set_link`. A transport with link events follows
     /// its device's link instead.
     pub link: Option<LinkFacts>,
+    /// The PCI function this rank's data crosses (a GPU or NIC bound to its
+    /// vendor driver), where the transport follows no device of its own:
+    /// with `PCIEIPC_LINK_TRACEFS` set, its AER errors and its link are
+    /// followed through the kernel's tracepoints and acted on by the same
+    /// AER → action matrix (docs/fault-path.md), from `link` as it was at
+    /// init.
+    pub link_device: Option<crate::engine::LinkDevice>,
     /// How many chunks each ring step may run ahead of the next (the slack
     /// between neighbours); the windows hold in_flight + 1 chunks per step.
     pub in_flight: usize,
@@ -89,6 +96,7 @@ impl Default for CommOptions {
             spin: Duration::from_micros(50),
             chunk_policy: ChunkPolicy::default(),
             link: None,
+            link_device: None,
             in_flight: 4,
             algorithm: AlgorithmChoice::Auto,
             one_shot_read_budget: 64 << 10,

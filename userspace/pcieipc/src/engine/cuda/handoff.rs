@@ -650,11 +650,16 @@ impl CudaCommunicator {
     }
 
     /// The slot size of the GPU hand-off, after checking that calls may be
-    /// made: the hand-off is open and no kernel has reported a failure.
-    fn usable_window(&self) -> Result<usize, EngineError> {
+    /// made: the hand-off is open, no kernel has reported a failure, and no
+    /// fault on the followed device failed the job.
+    fn usable_window(&mut self) -> Result<usize, EngineError> {
         if let Some(failure) = self.gpu_failure() {
             return Err(failure);
         }
+        // The device under this rank (`CommOptions::link_device`), where the
+        // control plane follows one: its faults are acted on per call, as on
+        // the host transports (a fatal one fails the call).
+        self.control.follow_link_events()?;
         self.exchange
             .as_ref()
             .map(|exchange| exchange.window)

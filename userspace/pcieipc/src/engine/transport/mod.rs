@@ -34,6 +34,7 @@ pub struct LinkPoll {
     pub faults: Vec<Fault>,
 }
 
+pub(crate) use pcieipc::tracefs_root as link_tracefs_root;
 pub use pcieipc::{PcieipcError, PcieipcOptions, AER_MEMORY};
 pub use registry::{
     describe_all, Registered, Setup, TransportConfig, TransportOptions, UnknownTransport,

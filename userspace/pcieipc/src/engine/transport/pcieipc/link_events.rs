@@ -109,8 +109,9 @@ fn recovery_after(event: &Event, before: Option<Recovery>) -> Option<Recovery> {
     }
 }
 
-/// The tracefs root `PCIEIPC_LINK_TRACEFS` names, if set.
-fn tracefs_root() -> Option<PathBuf> {
+/// The tracefs root `PCIEIPC_LINK_TRACEFS` names, if set (1: the default
+/// root).
+pub(crate) fn tracefs_root() -> Option<PathBuf> {
     let value = std::env::var_os(TRACEFS_ENV)?;
     if value.is_empty() || value == "0" {
         return None;

@@ -1,0 +1,293 @@
+//! The PCI function a rank's data crosses when no transport follows it (a
+//! GPU or NIC bound to its vendor driver, under the shm transport and the
+//! CUDA backend's control plane): its errors and its link come from the
+//! kernel's tracepoints (`ras:aer_event`, `pci:pcie_link_event`) in a
+//! tracing instance of the rank's own, so the communicator applies the same
+//! AER → action matrix as on the pcieipc transport. The kernel tells no one
+//! outside the device's driver when its recovery of such a device ends, so
+//! the end is read from sysfs: the function answers config reads again and
+//! its link is up.
+//!
+//! Opt-in, as for the pcieipc transport: `PCIEIPC_LINK_TRACEFS` (a tracefs
+//! root, or 1), and `CommOptions::link_device` naming the function.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::event_source::{monotonic_now_ns, tracefs::TraceSession, SourceError};
+use crate::events::{Event, EventKind, EventSource, Severity};
+use crate::probe::bdf::Bdf;
+use crate::probe::link::LinkSpeed;
+
+use super::chunk::LinkFacts;
+use super::fault_policy::{Fault, Recovery};
+use super::transport::LinkPoll;
+
+/// How often a rank waiting for the end of a recovery reads sysfs.
+const RECOVERY_POLL: Duration = Duration::from_millis(1);
+
+/// The function whose errors and link a rank follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkDevice {
+    pub bdf: Bdf,
+    /// The root sysfs is under (`/` on a live machine, sysfs at `/sys`; a
+    /// fixture's directory in tests), as the probe's `--sysfs-root`.
+    pub root: PathBuf,
+}
+
+impl LinkDevice {
+    /// The function's directory in sysfs.
+    fn dir(&self) -> PathBuf {
+        self.root
+            .join("sys/bus/pci/devices")
+            .join(self.bdf.to_string())
+    }
+}
+
+/// Why a rank could not follow its device.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("{bdf}: not under {path}: {source}")]
+    NoSuchDevice {
+        bdf: Bdf,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("following {bdf} through the kernel's tracepoints (PCIEIPC_LINK_TRACEFS): {source}")]
+    Tracefs {
+        bdf: Bdf,
+        #[source]
+        source: SourceError,
+    },
+}
+
+/// What a tracepoint event says about the followed device.
+#[derive(Clone, Debug, PartialEq)]
+enum Fact {
+    /// An error the device or a port on its path reported.
+    Error(Fault),
+    /// The link above the device after a change.
+    Link { speed_gt_s: f32, width: u8 },
+}
+
+/// The fact in `event` for a device whose path from its root port down is
+/// `path` (the device last), if it concerns it.
+fn fact(event: &Event, path: &[String]) -> Option<Fact> {
+    if event.source != EventSource::Tracefs || !path.contains(&event.bdf) {
+        return None;
+    }
+    match event.kind {
+        EventKind::Aer if !event.errors.is_empty() => Some(Fact::Error(Fault {
+            bdf: event.bdf.clone(),
+            errors: event.errors.clone(),
+            device_gone: false,
+        })),
+        // The link the device hangs from: the one of the port right above it.
+        EventKind::LinkChange if path.len() >= 2 && event.bdf == path[path.len() - 2] => {
+            let after = event.link_after.as_ref()?;
+            let speed = LinkSpeed::from_encoding(after.speed)?;
+            (after.width != 0).then_some(Fact::Link {
+                speed_gt_s: speed.gigatransfers_per_second() as f32,
+                width: after.width,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The functions from the root port down to `bdf` (itself last), from its
+/// place in sysfs's device tree.
+fn path_to_root(device: &LinkDevice) -> Result<Vec<String>, FollowError> {
+    let link = device.dir();
+    let real = std::fs::canonicalize(&link).map_err(|source| FollowError::NoSuchDevice {
+        bdf: device.bdf,
+        path: link.clone(),
+        source,
+    })?;
+    Ok(real
+        .components()
+        .filter_map(|part| part.as_os_str().to_str())
+        .filter(|part| part.parse::<Bdf>().is_ok())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Whether `bdf` answers config reads (its vendor ID is not all ones) and
+/// its link is up, as sysfs reads now; `None` when the function is gone.
+fn answers(dir: &Path) -> Option<bool> {
+    let config = std::fs::read(dir.join("config")).ok()?;
+    let vendor_ok = config.len() >= 2 && config[..2] != [0xff, 0xff];
+    // Functions on a root bus have no link attributes; an endpoint below a
+    // port reads "Unknown" while its link is down.
+    let link_up = std::fs::read_to_string(dir.join("current_link_speed"))
+        .map(|speed| !speed.trim().starts_with("Unknown"))
+        .unwrap_or(true);
+    Some(vendor_ok && link_up)
+}
+
+/// One rank's followed device: its link and its recent errors.
+pub(crate) struct FollowedDevice {
+    dir: PathBuf,
+    path: Vec<String>,
+    session: TraceSession,
+    errors: VecDeque<Instant>,
+    /// The link's facts as last published; `None` where the job gave none
+    /// (host memory's chunks): then only the faults are followed.
+    published: Option<LinkFacts>,
+}
+
+impl FollowedDevice {
+    /// Follows `device` from `link` (its facts now, as the probe read them),
+    /// through a tracing instance under `tracefs_root`.
+    pub(crate) fn open(
+        device: &LinkDevice,
+        link: Option<LinkFacts>,
+        tracefs_root: &Path,
+    ) -> Result<FollowedDevice, FollowError> {
+        let path = path_to_root(device)?;
+        let name = format!("pcieipc-follow-{}", std::process::id());
+        let session =
+            TraceSession::open(tracefs_root, &name).map_err(|source| FollowError::Tracefs {
+                bdf: device.bdf,
+                source,
+            })?;
+        Ok(FollowedDevice {
+            dir: device.dir(),
+            path,
+            session,
+            errors: VecDeque::new(),
+            published: link,
+        })
+    }
+
+    /// The events since the last poll (never blocking): the link's facts if
+    /// they changed, and the faults. Correctable errors count towards the
+    /// smaller chunk; every error is a fault for the matrix to act on.
+    pub(crate) fn poll(&mut self) -> LinkPoll {
+        // A failed read keeps the last facts: a device in trouble shows in
+        // the next read, or in the job's own calls.
+        let events = self
+            .session
+            .read_available(monotonic_now_ns())
+            .map(|batch| batch.events)
+            .unwrap_or_default();
+        let mut faults = Vec::new();
+        let mut link = self.published;
+        for found in events.iter().filter_map(|event| fact(event, &self.path)) {
+            match found {
+                Fact::Error(fault) => {
+                    if fault
+                        .errors
+                        .iter()
+                        .all(|error| error.severity == Severity::Correctable)
+                    {
+                        self.errors.push_back(Instant::now());
+                    }
+                    faults.push(fault);
+                }
+                Fact::Link { speed_gt_s, width } => {
+                    if let Some(link) = link.as_mut() {
+                        link.speed_gt_s = speed_gt_s;
+                        link.width = width;
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        while self
+            .errors
+            .front()
+            .is_some_and(|at| now.duration_since(*at) > super::transport::AER_MEMORY)
+        {
+            self.errors.pop_front();
+        }
+        if let Some(link) = link.as_mut() {
+            link.recent_aer_errors = self.errors.len() as u64;
+        }
+        let changed = (link != self.published).then(|| {
+            self.published = link;
+            link
+        });
+        LinkPoll {
+            facts: changed.flatten(),
+            faults,
+        }
+    }
+
+    /// Waits at most `bound` for the device to answer config reads with its
+    /// link up (the kernel's recovery of a device bound to another driver
+    /// is that driver's to see; this is what is visible to everyone).
+    pub(crate) fn await_recovery(&mut self, bound: Duration) -> Recovery {
+        let started = Instant::now();
+        loop {
+            match answers(&self.dir) {
+                None => return Recovery::Gone,
+                Some(true) => return Recovery::Answering,
+                Some(false) if started.elapsed() >= bound => {
+                    return Recovery::Unfinished {
+                        waited_ms: started.elapsed().as_millis() as u32,
+                    }
+                }
+                Some(false) => std::thread::sleep(RECOVERY_POLL),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event_source::trace_text::{parse_line, to_event};
+
+    /// The event the kernel's trace line becomes.
+    fn traced(line: &str) -> Event {
+        let record = parse_line(line).expect("parses").expect("a record");
+        to_event(&record, 0, 0)
+    }
+
+    const PATH: [&str; 2] = ["0000:00:02.0", "0000:01:00.0"];
+
+    #[test]
+    fn errors_on_the_path_are_faults_and_others_are_not() {
+        let path = PATH.map(str::to_owned).to_vec();
+        let port = traced("irq/25-aerdrv-34 [001] ..... 4.917689: aer_event: 0000:00:02.0 PCIe Bus Error: severity=Corrected, Bad TLP, TLP Header=Not available");
+        let device = traced("irq/25-aerdrv-34 [001] ..... 4.917689: aer_event: 0000:01:00.0 PCIe Bus Error: severity=Uncorrected, non-fatal, Completion Timeout, TLP Header=Not available");
+        let elsewhere = traced("irq/25-aerdrv-34 [001] ..... 4.917689: aer_event: 0000:00:03.0 PCIe Bus Error: severity=Fatal, Surprise Down Error, TLP Header=Not available");
+        match fact(&port, &path) {
+            Some(Fact::Error(fault)) => {
+                assert_eq!(fault.bdf, PATH[0]);
+                assert_eq!(fault.errors[0].severity, Severity::Correctable);
+            }
+            other => panic!("the port's correctable error: {other:?}"),
+        }
+        match fact(&device, &path) {
+            Some(Fact::Error(fault)) => {
+                assert_eq!(fault.bdf, PATH[1]);
+                assert_eq!(fault.errors[0].severity, Severity::NonFatal);
+            }
+            other => panic!("the device's non-fatal error: {other:?}"),
+        }
+        assert_eq!(fact(&elsewhere, &path), None);
+        let module = Event {
+            source: EventSource::Module,
+            ..device
+        };
+        assert_eq!(
+            fact(&module, &path),
+            None,
+            "the module's own events are its transport's"
+        );
+    }
+
+    #[test]
+    fn a_device_that_is_not_there_is_named() {
+        let device = LinkDevice {
+            bdf: "0000:42:00.0".parse().unwrap(),
+            root: PathBuf::from("/nonexistent-root"),
+        };
+        let error = path_to_root(&device).unwrap_err();
+        assert!(error.to_string().contains("0000:42:00.0"), "{error}");
+    }
+}
