@@ -13,7 +13,8 @@
 #      as configured (bounded spin, then futex sleep), pcieipc forced to spin
 #      the whole wait, and MPI (which polls).
 #
-# Usage: scripts/bench-vs-mpi.sh            (REPEAT=5 ITERS=20 LATE_MS=500 by default)
+# Usage: scripts/bench-vs-mpi.sh            (REPEAT=5 ITERS=20 LATE_MS=500 by default;
+#                                           LATENCY_REPEAT=3*REPEAT 8-byte alternations)
 #        RELAY=1 scripts/bench-vs-mpi.sh    also runs pcieipc with --single-copy off (the
 #                                           ring and its relay slots only), alternating with
 #                                           the others, and prints it as a second table
@@ -32,6 +33,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 REPEAT=${REPEAT:-5}
+LATENCY_REPEAT=${LATENCY_REPEAT:-$((REPEAT * 3))}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 LATE_MS=${LATE_MS:-500}
@@ -73,12 +75,23 @@ echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/nul
 
 # The baseline runs right after this tree's pcieipc in every round, with the
 # same flags, so that both meet the same stretch of the host's noise.
-for run in $(seq "$REPEAT"); do
+# The 8-byte runs take a few milliseconds each, and the host flips every few
+# seconds between a state where both sides run at about 0.25 us and one
+# where both take 0.5-0.8 us (seen on an AMD EPYC: likely the vCPUs' placement),
+# so they alternate LATENCY_REPEAT times: with five, one side could draw the
+# slow state more often by chance.
+for run in $(seq "$LATENCY_REPEAT"); do
     "$pcieipc" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --json >"$work/pcieipc-8-$run.json"
     if [ -n "$BASELINE" ]; then
         "$BASELINE" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --json >"$work/baseline-8-$run.json"
     fi
     mpi 8 8 2 10000 100 >"$work/mpi-8-$run.txt"
+    if [ "$RELAY" = 1 ]; then
+        "$pcieipc" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --single-copy off --json \
+            >"$work/relay-8-$run.json"
+    fi
+done
+for run in $(seq "$REPEAT"); do
     "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
         >"$work/pcieipc-$run.json"
     if [ -n "$BASELINE" ]; then
@@ -87,16 +100,15 @@ for run in $(seq "$REPEAT"); do
     fi
     mpi "$MIN_BYTES" "$MAX_BYTES" 2 "$ITERS" "$WARMUP" >"$work/mpi-$run.txt"
     if [ "$RELAY" = 1 ]; then
-        "$pcieipc" bench -b 8 -e 8 -n 10000 -w 100 -c 1 --nranks 2 --single-copy off --json \
-            >"$work/relay-8-$run.json"
         "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 \
             --single-copy off --json >"$work/relay-$run.json"
     fi
 done
 
-python3 - "$work" "$REPEAT" "$RELAY" "$BASELINE" <<'EOF'
+python3 - "$work" "$REPEAT" "$RELAY" "$BASELINE" "$LATENCY_REPEAT" <<'EOF'
 import json, statistics, sys
 work, repeat, relay, baseline = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] != ""
+latency_repeat = int(sys.argv[5])
 # The paths each binary's reports name, apart: a baseline that took another
 # path (algorithm) at some size is part of what a before/after shows.
 paths = {"pcieipc": set(), "baseline": set()}
@@ -109,9 +121,9 @@ except ImportError:
     print("# bench JSON not validated against docs/schemas/bench-v1.schema.json: python3-jsonschema missing")
 
 # Per size, the runs' (oop time, oop busbw, ip time, ip busbw).
-def pcieipc(name, binary="pcieipc"):
+def pcieipc(name, binary="pcieipc", runs_made=None):
     runs = {}
-    for run in range(1, repeat + 1):
+    for run in range(1, (runs_made or repeat) + 1):
         report = json.load(open(f"{work}/{name}-{run}.json"))
         if jsonschema:
             jsonschema.validate(report, schema)
@@ -124,9 +136,9 @@ def pcieipc(name, binary="pcieipc"):
                 (oop["time_us"], oop["busbw_gb_s"], ip["time_us"], ip["busbw_gb_s"]))
     return runs
 
-def mpi(name):
+def mpi(name, runs_made=None):
     runs = {}
-    for run in range(1, repeat + 1):
+    for run in range(1, (runs_made or repeat) + 1):
         for line in open(f"{work}/{name}-{run}.txt"):
             if line.startswith("#") or not line.strip():
                 continue
@@ -162,13 +174,13 @@ def table(ours, theirs, title, labels=("pcieipc", "MPI")):
     print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
     return worst
 
-ours8, theirs8 = pcieipc("pcieipc-8"), mpi("mpi-8")
+ours8, theirs8 = pcieipc("pcieipc-8", runs_made=latency_repeat), mpi("mpi-8", latency_repeat)
 if baseline:
-    base8 = pcieipc("baseline-8", "baseline")
+    base8 = pcieipc("baseline-8", "baseline", latency_repeat)
 print(f"\n# pcieipc: {'; '.join(sorted(paths['pcieipc']))}")
 if baseline:
     print(f"# baseline: {'; '.join(sorted(paths['baseline']))}")
-print(f"\n# 8-byte all_reduce latency (us), median (best) of {repeat} runs of 10000")
+print(f"\n# 8-byte all_reduce latency (us), median (best) of {latency_repeat} alternating runs of 10000")
 header = "#            pcieipc oop        MPI oop     pcieipc ip         MPI ip"
 columns = [(ours8, 0), (theirs8, 0), (ours8, 2), (theirs8, 2)]
 if baseline:
@@ -193,7 +205,7 @@ if baseline:
     table(ours, base, "this tree's pcieipc against the baseline, same runs; ratio = pcieipc / baseline "
           "(below 1: slower than before)", ("pcieipc", "baseline"))
 if relay:
-    relay8 = pcieipc("relay-8")
+    relay8 = pcieipc("relay-8", runs_made=latency_repeat)
     print(f"\n# pcieipc --single-copy off, 8 B (us): {median(relay8[8], 0):.2f} / {median(relay8[8], 2):.2f}")
     table(pcieipc("relay"), theirs,
           "pcieipc --single-copy off (the ring and its relay slots only), same runs; ratio = relay / MPI")
