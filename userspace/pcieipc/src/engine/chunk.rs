@@ -10,6 +10,35 @@
 
 use crate::probe::{LinkState, Topology};
 
+/// How long an AER error counts as recent: long enough that a link that
+/// keeps erring stays on the smaller chunk, short enough that a link that
+/// recovered gets its healthy chunk back.
+pub const AER_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The AER errors a link had within [`AER_MEMORY`]: what
+/// `LinkFacts::recent_aer_errors` counts.
+#[derive(Debug, Default)]
+pub(crate) struct RecentErrors(std::collections::VecDeque<std::time::Instant>);
+
+impl RecentErrors {
+    pub(crate) fn record(&mut self) {
+        self.0.push_back(std::time::Instant::now());
+    }
+
+    /// The errors still recent now.
+    pub(crate) fn count(&mut self) -> u64 {
+        let now = std::time::Instant::now();
+        while self
+            .0
+            .front()
+            .is_some_and(|at| now.duration_since(*at) > AER_MEMORY)
+        {
+            self.0.pop_front();
+        }
+        self.0.len() as u64
+    }
+}
+
 /// What the engine needs to know about the link under a ring hop.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkFacts {

@@ -11,7 +11,6 @@
 //! Opt-in, as for the pcieipc transport: `PCIEIPC_LINK_TRACEFS` (a tracefs
 //! root, or 1), and `CommOptions::link_device` naming the function.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,7 +19,7 @@ use crate::events::{Event, EventKind, EventSource, Severity};
 use crate::probe::bdf::Bdf;
 use crate::probe::link::LinkSpeed;
 
-use super::chunk::LinkFacts;
+use super::chunk::{LinkFacts, RecentErrors};
 use super::fault_policy::{Fault, Recovery};
 use super::transport::LinkPoll;
 
@@ -132,7 +131,7 @@ pub(crate) struct FollowedDevice {
     dir: PathBuf,
     path: Vec<String>,
     session: TraceSession,
-    errors: VecDeque<Instant>,
+    errors: RecentErrors,
     /// The link's facts as last published; `None` where the job gave none
     /// (host memory's chunks): then only the faults are followed.
     published: Option<LinkFacts>,
@@ -157,7 +156,7 @@ impl FollowedDevice {
             dir: device.dir(),
             path,
             session,
-            errors: VecDeque::new(),
+            errors: RecentErrors::default(),
             published: link,
         })
     }
@@ -183,7 +182,7 @@ impl FollowedDevice {
                         .iter()
                         .all(|error| error.severity == Severity::Correctable)
                     {
-                        self.errors.push_back(Instant::now());
+                        self.errors.record();
                     }
                     faults.push(fault);
                 }
@@ -195,16 +194,9 @@ impl FollowedDevice {
                 }
             }
         }
-        let now = Instant::now();
-        while self
-            .errors
-            .front()
-            .is_some_and(|at| now.duration_since(*at) > super::transport::AER_MEMORY)
-        {
-            self.errors.pop_front();
-        }
+        let recent = self.errors.count();
         if let Some(link) = link.as_mut() {
-            link.recent_aer_errors = self.errors.len() as u64;
+            link.recent_aer_errors = recent;
         }
         let changed = (link != self.published).then(|| {
             self.published = link;

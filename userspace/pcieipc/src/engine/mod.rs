@@ -25,7 +25,7 @@ mod followed_device;
 pub mod schedule;
 pub mod transport;
 
-pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, HOST_MEMORY_STEPS};
+pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, AER_MEMORY, HOST_MEMORY_STEPS};
 pub use comm::{CallDescriptor, CallKind, CommOptions, Communicator};
 pub use dtype::{bf16, f16, DType, Element, ReduceOp, UnknownDType, UnknownReduceOp};
 pub use error::EngineError;
@@ -34,5 +34,5 @@ pub use followed_device::{FollowError, LinkDevice};
 pub use schedule::{Algorithm, AlgorithmChoice, UnknownAlgorithm};
 pub use transport::{
     BadSecret, Capabilities, JobSecret, PcieipcError, PcieipcOptions, ShmOptions, TransportOptions,
-    UnknownTransport, AER_MEMORY, SECRET_ENV, SEGMENT_NAME, TRANSPORTS,
+    UnknownTransport, SECRET_ENV, SEGMENT_NAME, TRANSPORTS,
 };

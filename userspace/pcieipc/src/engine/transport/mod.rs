@@ -35,7 +35,7 @@ pub struct LinkPoll {
 }
 
 pub(crate) use pcieipc::tracefs_root as link_tracefs_root;
-pub use pcieipc::{PcieipcError, PcieipcOptions, AER_MEMORY};
+pub use pcieipc::{PcieipcError, PcieipcOptions};
 pub use registry::{
     describe_all, Registered, Setup, TransportConfig, TransportOptions, UnknownTransport,
     TRANSPORTS,

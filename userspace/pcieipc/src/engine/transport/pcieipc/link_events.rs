@@ -14,7 +14,6 @@
 //! sees them) and the kernel's own updates of that port's link. Opt-in: it
 //! needs root, and a rank that is killed leaves its instance behind.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,14 +24,10 @@ use crate::probe::bdf::Bdf;
 use crate::probe::link::LinkSpeed;
 
 use super::PcieipcError;
-use crate::engine::chunk::LinkFacts;
+use crate::engine::chunk::{LinkFacts, RecentErrors};
 use crate::engine::fault_policy::{Fault, Recovery};
 use crate::engine::transport::LinkPoll;
 
-/// How long an AER error counts as recent: long enough that a link that
-/// keeps erring stays on the smaller chunk, short enough that a link that
-/// recovered gets its healthy chunk back.
-pub const AER_MEMORY: Duration = Duration::from_secs(60);
 /// How often the module's watch reads the link's status.
 const WATCH_PERIOD: Duration = Duration::from_millis(100);
 /// Events read per `read()`: the module's ring holds 256.
@@ -134,7 +129,7 @@ pub(crate) struct LinkEvents {
     watching: bool,
     speed_gt_s: f32,
     width: u8,
-    aer_errors: VecDeque<Instant>,
+    aer_errors: RecentErrors,
     /// The faults read since the last poll.
     faults: Vec<Fault>,
     /// How the kernel's last recovery of the device ended; `None` while one
@@ -201,7 +196,7 @@ impl LinkEvents {
             watching,
             speed_gt_s: facts.speed_gt_s,
             width: facts.width,
-            aer_errors: VecDeque::new(),
+            aer_errors: RecentErrors::default(),
             faults: Vec::new(),
             recovery: Some(Recovery::Recovered),
             published: facts,
@@ -233,7 +228,7 @@ impl LinkEvents {
             for (fact, event) in facts {
                 match fact {
                     TracefsFact::NewError => {
-                        self.aer_errors.push_back(Instant::now());
+                        self.aer_errors.record();
                         self.faults.push(Fault {
                             bdf: event.bdf.clone(),
                             errors: event.errors.clone(),
@@ -247,18 +242,10 @@ impl LinkEvents {
                 }
             }
         }
-        let now = Instant::now();
-        while self
-            .aer_errors
-            .front()
-            .is_some_and(|at| now.duration_since(*at) > AER_MEMORY)
-        {
-            self.aer_errors.pop_front();
-        }
         let facts = LinkFacts {
             speed_gt_s: self.speed_gt_s,
             width: self.width,
-            recent_aer_errors: self.aer_errors.len() as u64,
+            recent_aer_errors: self.aer_errors.count(),
             over_nvlink: false,
         };
         let changed = (facts != self.published).then(|| {
@@ -352,7 +339,7 @@ impl LinkEvents {
 
     fn apply(&mut self, event: &Event) {
         if reports_new_error(event) {
-            self.aer_errors.push_back(Instant::now());
+            self.aer_errors.record();
         }
         if reports_new_error(event) || event.kind == EventKind::DeviceGone {
             self.faults.push(Fault {

@@ -21,7 +21,6 @@ use std::time::Duration;
 
 pub use error::PcieipcError;
 pub(crate) use link_events::tracefs_root;
-pub use link_events::AER_MEMORY;
 
 use super::registry::{Registered, Setup, TransportConfig, TransportOptions};
 use super::segment::{SegmentTransport, Signalling};
