@@ -109,10 +109,12 @@ impl Communicator {
             trace: trace_file.map(|file| Recorder::new(rank, file)),
             init_time: Duration::ZERO,
             single_copy: false,
+            joining: true,
             followed,
         };
         communicator.set_link(link);
         communicator.single_copy = communicator.agree_on_peer_reads()?;
+        communicator.joining = false;
         communicator.init_time = started.elapsed();
         if let Some(trace) = &communicator.trace {
             trace.span("init", "init", started_ns, Vec::new());

@@ -66,6 +66,9 @@ pub struct Communicator {
     /// (the ring's all-gather for messages in `options.single_copy_messages`,
     /// and the direct algorithm): agreed by all ranks at init.
     pub(crate) single_copy: bool,
+    /// Whether `init` is still agreeing with the peers: waits then last up
+    /// to `join_timeout`, not `peer_timeout`.
+    pub(crate) joining: bool,
     /// The device this rank's data crosses, followed through the kernel's
     /// tracepoints (`CommOptions::link_device`).
     pub(crate) followed: Option<crate::engine::followed_device::FollowedDevice>,

@@ -19,7 +19,8 @@ pub struct CommOptions {
     /// the rendezvous admits only ranks that present it. `None`: ranks are
     /// still only this user's processes.
     pub secret: Option<JobSecret>,
-    /// How long the rendezvous waits for every rank.
+    /// How long the rendezvous (and init's agreements after it) waits for
+    /// every rank.
     pub join_timeout: Duration,
     /// How long a rank waits on one peer inside a collective before it names
     /// that peer (or the peer that one waits for) as unresponsive.

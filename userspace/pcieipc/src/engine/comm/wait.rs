@@ -122,6 +122,13 @@ impl Communicator {
                 return Ok(());
             }
         }
+        // Still joining (init's agreements), a peer may be slow to arrive
+        // without being stuck: it has the rendezvous's time, not a call's.
+        let timeout = if self.joining {
+            self.options.peer_timeout.max(self.options.join_timeout)
+        } else {
+            self.options.peer_timeout
+        };
         transport.set_blocked_on(Some(peer));
         let outcome = loop {
             // A peer may post what we need and then leave or exit: what it
@@ -156,19 +163,14 @@ impl Communicator {
                 break Err(transport.abort(Failure::PeerLeft { rank: peer }).into());
             }
             let waited = started.elapsed();
-            if waited >= self.options.peer_timeout {
+            if waited >= timeout {
                 let rank = self.culprit(peer);
                 break Err(transport
                     .abort(Failure::PeerUnresponsive { rank, waited })
                     .into());
             }
             let slept_from = self.trace.as_ref().map(|_| monotonic_ns());
-            transport.sleep(
-                owner,
-                signal,
-                value,
-                LIVENESS_SLICE.min(self.options.peer_timeout - waited),
-            );
+            transport.sleep(owner, signal, value, LIVENESS_SLICE.min(timeout - waited));
             if let (Some(trace), Some(start)) = (&self.trace, slept_from) {
                 trace.span(transport.sleep_name(), "sleep", start, Vec::new());
             }
