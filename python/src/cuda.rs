@@ -1,7 +1,7 @@
 //! `pcieipc.CudaCommunicator`: the collectives on CUDA tensors of one GPU
-//! per rank, queued on the communicator's stream and handed over on the GPU
-//! (the host only at init and on errors). The caller orders its own streams
-//! against `stream` (pcieipc.torch does, with events), as with NCCL.
+//! per rank, queued on the caller's stream (pcieipc.torch passes torch's
+//! current one) or the communicator's own, and handed over on the GPU (the
+//! host only at init and on errors).
 
 use std::sync::{Arc, Mutex};
 
