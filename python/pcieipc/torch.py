@@ -199,6 +199,15 @@ class _Staged:
         buffer.copy_(host)
 
 
+def _padded(flat: torch.Tensor, ranks: int) -> torch.Tensor:
+    """`flat`, or a copy with zeros after it, to split evenly among `ranks`
+    (the hierarchical all_reduce's reduce-scatter)."""
+    padded = (flat.numel() + ranks - 1) // ranks * ranks
+    if padded == flat.numel():
+        return flat
+    return torch.cat([flat, flat.new_zeros(padded - flat.numel())])
+
+
 def _value_or_raise(future: torch.futures.Future):
     return future.value()
 
@@ -261,7 +270,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         tensors = [_check_tensor(t, "all_reduce tensor") for t in tensors]
-        return self._collective(tensors, lambda c, t: self._all_reduce(c, t, op), tensors)
+        return self._collective(tensors, lambda c, t: self._all_reduce(c, t, op))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -269,12 +278,12 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
     def broadcast(self, tensors, opts):
         root = opts.rootRank
         tensors = [_check_tensor(t, "broadcast tensor") for t in tensors]
-        return self._collective(tensors, lambda c, t: self._broadcast(c, t, root), tensors)
+        return self._collective(tensors, lambda c, t: self._broadcast(c, t, root))
 
     def _allgather_base(self, output, input, opts=None):
         output = _check_tensor(output, "all_gather output")
         input = _check_tensor(input, "all_gather input")
-        return self._collective([output, input], lambda c, t: self._all_gather(c, t[1], t[0]), [output])
+        return self._collective([output, input], lambda c, t: [self._all_gather(c, t[1], t[0])])
 
     def allgather(self, output_lists, inputs, opts=None):
         for outputs, input in zip(output_lists, inputs):
@@ -295,7 +304,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                     out.copy_(part)
             return [t for outputs, _, _ in pairs for t in outputs]
 
-        return self._collective([p[1] for p in pairs], gather, None)
+        return self._collective([p[1] for p in pairs], gather)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         outputs = [_check_tensor(t, "all_gather output") for t in outputs]
@@ -306,15 +315,13 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 self._all_gather(comm, input, output)
             return outputs
 
-        return self._collective(outputs + inputs, gather, None)
+        return self._collective(outputs + inputs, gather)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         output = _check_tensor(output, "reduce_scatter output")
         input = _check_tensor(input, "reduce_scatter input")
-        return self._collective(
-            [output, input], lambda c, t: self._reduce_scatter(c, t[1], t[0], op), [output]
-        )
+        return self._collective([output, input], lambda c, t: [self._reduce_scatter(c, t[1], t[0], op)])
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -332,7 +339,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 self._reduce_scatter(comm, stacked, output, op)
             return [p[0] for p in pairs]
 
-        return self._collective([p[0] for p in pairs], scatter, None)
+        return self._collective([p[0] for p in pairs], scatter)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -344,7 +351,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 self._reduce_scatter(comm, input, output, op)
             return outputs
 
-        return self._collective(outputs + inputs, scatter, None)
+        return self._collective(outputs + inputs, scatter)
 
     def reduce(self, tensors, opts):
         # all_reduce into a copy: only the root's tensor changes, as with NCCL.
@@ -360,7 +367,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                     tensor.copy_(result)
             return tensors
 
-        return self._collective(tensors, reduce, None)
+        return self._collective(tensors, reduce)
 
     def gather(self, output_lists, inputs, opts):
         root = opts.rootRank
@@ -375,7 +382,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                         out.copy_(part)
             return inputs
 
-        return self._collective(inputs, gather, None)
+        return self._collective(inputs, gather)
 
     def scatter(self, outputs, input_lists, opts):
         root = opts.rootRank
@@ -390,11 +397,11 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 output.copy_(flat[self._rank])
             return outputs
 
-        return self._collective(outputs, scatter, None)
+        return self._collective(outputs, scatter)
 
     def barrier(self, opts=None):
         marker = torch.zeros(1, dtype=torch.uint8)
-        return self._collective([marker], lambda c, t: self._all_reduce(c, t, "max"), [marker])
+        return self._collective([marker], lambda c, t: self._all_reduce(c, t, "max"))
 
     send = _unsupported("send")
     recv = _unsupported("recv")
@@ -413,8 +420,9 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
 
     # -- the collectives over one communicator ----------------------------
 
-    def _collective(self, tensors, run, result):
-        """Runs `run(comm, tensors)` in the calling thread (the interpreter
+    def _collective(self, tensors, run):
+        """Runs `run(comm, tensors)`, whose value the Work's future carries,
+        in the calling thread (the interpreter
         lock released while the engine works): on the host it returns when
         the collective is done, on CUDA once it is queued on the caller's
         current stream. async_op=True gets a completed Work on the host: a
@@ -432,7 +440,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         except Exception as error:  # handed to whoever waits, as torch's own groups do
             future.set_exception(error)
             return _Work(future)
-        future.set_result(_result(value, result))
+        future.set_result(value)
         return _Work(future)
 
     def _run_cuda(self, device, tensors, run):
@@ -499,6 +507,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 comm.all_reduce(tensor, op=op)
             else:
                 self._hierarchical_all_reduce(comm, inter, tensor, op)
+        return tensors
 
     def _hierarchical_all_reduce(self, comm, inter, tensor, op: str):
         if op == "avg":
@@ -508,11 +517,9 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
             else:
                 tensor.div_(self._size, rounding_mode="trunc")
             return
-        local = self._layout.local_size
         flat = tensor.view(-1)
-        padded = (flat.numel() + local - 1) // local * local
-        work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
-        shard = work.new_empty(padded // local)
+        work = _padded(flat, self._layout.local_size)
+        shard = work.new_empty(work.numel() // self._layout.local_size)
         comm.reduce_scatter(work, shard, op=op)
         # On CUDA, torch's group orders its own stream after the current one,
         # and `wait` orders the current one after it.
@@ -536,28 +543,31 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 opts.rootRank = root // layout.local_size
                 inter.broadcast([tensor], opts).wait()
             comm.broadcast(tensor, root=root % layout.local_size)
+        return tensors
 
     def _all_gather(self, comm, input, output):
         layout = self._layout
         inter = self._inter(input.device.type)
         if inter is None:
             comm.all_gather(input, output)
-            return
+            return output
         # Inside the node into this node's block, then the blocks across nodes
         # (ranks are node-contiguous, so node order is rank order).
         block = output.view(layout.nodes, -1)[layout.node]
         comm.all_gather(input, block)
         inter.allgather([list(output.view(layout.nodes, -1).unbind(0))], [block.clone()]).wait()
+        return output
 
     def _reduce_scatter(self, comm, input, output, op: str):
         if self._inter(input.device.type) is None:
             comm.reduce_scatter(input, output, op=op)
-            return
+            return output
         # Across nodes: the whole input all-reduced hierarchically, then this
         # rank's part (N times the traffic of a native reduce-scatter).
         whole = input.clone()
         self._all_reduce(comm, [whole], op)
         output.copy_(whole.view(self._size, -1)[self._rank].view_as(output))
+        return output
 
     def _rendezvous(self, what: str):
         """This node's rendezvous name and secret for communicator `what`,
@@ -571,10 +581,6 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         else:
             name, secret = self._store.get(key).decode().split()
         return name, secret
-
-
-def _result(value, result):
-    return result if result is not None else value
 
 
 def node_name() -> str:
@@ -639,9 +645,8 @@ def hierarchical_all_reduce(tensor: torch.Tensor, intra, inter=None, op=dist.Red
         return tensor
     local = dist.get_world_size(intra)
     flat = tensor.view(-1)
-    padded = (flat.numel() + local - 1) // local * local
-    work = flat if padded == flat.numel() else torch.cat([flat, flat.new_zeros(padded - flat.numel())])
-    shard = work.new_empty(padded // local)
+    work = _padded(flat, local)
+    shard = work.new_empty(work.numel() // local)
     dist.reduce_scatter_tensor(shard, work, op=op, group=intra)
     dist.all_reduce(shard, op=op, group=inter)
     dist.all_gather_into_tensor(work, shard, group=intra)

@@ -9,12 +9,12 @@ use pcieipc::engine::cuda::{
     CudaCommunicator as EngineCudaCommunicator, CudaOptions, CudaStream, DataPath, Gpu, Handoff,
     PeerToPeer,
 };
-use pcieipc::engine::{DType, EngineError};
+use pcieipc::engine::EngineError;
 use pyo3::prelude::*;
 
 use crate::errors::{device_error, invalid, to_closed, to_python};
 use crate::host::{comm_options, parse_op, seconds, Communicator};
-use crate::memory::{dtype_name, Device, Memory};
+use crate::memory::{Device, Memory};
 
 /// A communicator of `nranks` processes, each with CUDA tensors on GPU
 /// `device`, joined at `rendezvous` as `rank`.
@@ -72,21 +72,6 @@ impl CudaCommunicator {
                 format!("{what} is in host memory: CudaCommunicator takes CUDA tensors"),
                 self.rank,
             )),
-        }
-    }
-
-    fn same_type(&self, a: &Memory, b: &Memory, what: &str) -> PyResult<DType> {
-        if a.dtype == b.dtype {
-            Ok(a.dtype)
-        } else {
-            Err(invalid(
-                format!(
-                    "{what}: input is {}, output is {}",
-                    dtype_name(a.dtype),
-                    dtype_name(b.dtype)
-                ),
-                self.rank,
-            ))
         }
     }
 
@@ -264,7 +249,7 @@ impl CudaCommunicator {
         let output_address = match &target {
             None => source.address,
             Some(target) => {
-                self.same_type(&source, target, "all_reduce")?;
+                source.same_type_as(target, "all_reduce", self.rank)?;
                 self.check_counts("all_reduce output", target.count, source.count)?;
                 if source.overlaps_partly(target) {
                     return Err(invalid(
@@ -308,7 +293,7 @@ impl CudaCommunicator {
         let op = parse_op(op, self.rank)?;
         let source = self.device_memory(input, "reduce_scatter input")?;
         let target = self.device_memory(output, "reduce_scatter output")?;
-        let dtype = self.same_type(&source, &target, "reduce_scatter")?;
+        let dtype = source.same_type_as(&target, "reduce_scatter", self.rank)?;
         self.check_counts(
             "reduce_scatter input",
             source.count,
@@ -350,7 +335,7 @@ impl CudaCommunicator {
     ) -> PyResult<()> {
         let source = self.device_memory(input, "all_gather input")?;
         let target = self.device_memory(output, "all_gather output")?;
-        let dtype = self.same_type(&source, &target, "all_gather")?;
+        let dtype = source.same_type_as(&target, "all_gather", self.rank)?;
         self.check_counts(
             "all_gather output",
             target.count,

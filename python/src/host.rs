@@ -13,7 +13,7 @@ use pcieipc::engine::{
 use pyo3::prelude::*;
 
 use crate::errors::{invalid, to_python};
-use crate::memory::{dtype_name, Device, Memory};
+use crate::memory::{Device, Memory};
 
 /// Runs `$body` with `$T` the Rust element type of `$dtype`.
 macro_rules! with_element {
@@ -173,21 +173,6 @@ impl Communicator {
             )),
         }
     }
-
-    fn same_type(&self, a: &Memory, b: &Memory, what: &str) -> PyResult<()> {
-        if a.dtype == b.dtype {
-            Ok(())
-        } else {
-            Err(invalid(
-                format!(
-                    "{what}: input is {}, output is {}",
-                    dtype_name(a.dtype),
-                    dtype_name(b.dtype)
-                ),
-                self.rank,
-            ))
-        }
-    }
 }
 
 /// A slice over `memory`.
@@ -289,7 +274,7 @@ impl Communicator {
         };
         let source = self.host_memory(input, "all_reduce input", false)?;
         let target = self.host_memory(output, "all_reduce output", true)?;
-        self.same_type(&source, &target, "all_reduce")?;
+        source.same_type_as(&target, "all_reduce", self.rank)?;
         if source.overlaps_partly(&target) {
             return Err(invalid(
                 "all_reduce: input and output overlap in part",
@@ -324,7 +309,7 @@ impl Communicator {
         let op = parse_op(op, self.rank)?;
         let source = self.host_memory(input, "reduce_scatter input", false)?;
         let target = self.host_memory(output, "reduce_scatter output", true)?;
-        self.same_type(&source, &target, "reduce_scatter")?;
+        source.same_type_as(&target, "reduce_scatter", self.rank)?;
         if source.overlaps_partly(&target) || source.address == target.address {
             return Err(invalid(
                 "reduce_scatter: input and output overlap",
@@ -349,7 +334,7 @@ impl Communicator {
     ) -> PyResult<()> {
         let source = self.host_memory(input, "all_gather input", false)?;
         let target = self.host_memory(output, "all_gather output", true)?;
-        self.same_type(&source, &target, "all_gather")?;
+        source.same_type_as(&target, "all_gather", self.rank)?;
         let own_part = target.address + self.rank * source.bytes();
         let in_place = source.address == own_part && target.count == self.nranks * source.count;
         if !in_place && (source.overlaps_partly(&target) || source.address == target.address) {

@@ -109,6 +109,23 @@ impl Memory {
         }
     }
 
+    /// The element type `self` (an input) and `output` share, or an
+    /// `InvalidArgument` of `what` on `rank` when they differ.
+    pub fn same_type_as(&self, output: &Memory, what: &str, rank: usize) -> PyResult<DType> {
+        if self.dtype == output.dtype {
+            Ok(self.dtype)
+        } else {
+            Err(crate::errors::invalid(
+                format!(
+                    "{what}: input is {}, output is {}",
+                    dtype_name(self.dtype),
+                    dtype_name(output.dtype)
+                ),
+                rank,
+            ))
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         self.count * self.dtype.size_bytes()
     }
