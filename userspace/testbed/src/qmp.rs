@@ -58,6 +58,15 @@ impl Qmp {
         Self::handshake(UnixStream::connect(path)?)
     }
 
+    /// Connects with every read and write bounded by `timeout`, for a QEMU
+    /// that may be stuck.
+    pub fn connect_with_timeout(path: &Path, timeout: Duration) -> Result<Self, QmpError> {
+        let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Self::handshake(stream)
+    }
+
     fn read_message(&mut self) -> Result<Value, QmpError> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {

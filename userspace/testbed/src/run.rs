@@ -6,7 +6,7 @@ use std::{
     os::unix::net::{UnixListener, UnixStream},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::mpsc,
+    sync::{mpsc, Arc, Mutex},
     thread,
     time::{Duration, Instant},
 };
@@ -27,6 +27,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a hot-unplug may take before the host reports failure.
 const UNPLUG_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long QEMU's monitor may take to answer the liveness question asked
+/// when a run times out.
+const MONITOR_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Patterns in the guest kernel log that fail a run whatever the guest said.
 const KERNEL_LOG_FAILURES: [&str; 9] = [
@@ -109,10 +112,13 @@ pub enum RunError {
     #[error(transparent)]
     Qmp(#[from] QmpError),
     #[error(
-        "the guest did not finish within {limit:?}: QEMU was killed; QEMU said:\n{stderr}\nlast console lines:\n{tail}"
+        "the guest did not finish within {limit:?}: QEMU was killed; {diagnosis}; QEMU said:\n{stderr}\nlast console lines:\n{tail}"
     )]
     Timeout {
         limit: Duration,
+        /// Who was stuck: the host request in flight, and whether QEMU's
+        /// monitor still answered.
+        diagnosis: String,
         tail: String,
         stderr: String,
     },
@@ -374,7 +380,11 @@ fn supervise(
             })
         }
     };
-    let control_thread = thread::spawn(move || serve_control(control, &mut qmp));
+    let in_flight: InFlight = Arc::default();
+    let control_thread = {
+        let in_flight = Arc::clone(&in_flight);
+        thread::spawn(move || serve_control(control, &mut qmp, &in_flight))
+    };
 
     let mut host_script = match &config.host_script {
         Some(path) => Some((
@@ -411,9 +421,11 @@ fn supervise(
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                let diagnosis = diagnose_timeout(&in_flight, host_qmp);
                 let stderr = stop_and_collect(&mut qemu, stderr_reader);
                 return Err(RunError::Timeout {
                     limit,
+                    diagnosis,
                     tail: tail(&console),
                     stderr,
                 });
@@ -473,7 +485,35 @@ fn kernel_log_failures(console: &[String]) -> Vec<String> {
 
 /// Answers the guest's requests on ttyS1, one line each way, until the
 /// guest side closes.
-fn serve_control(stream: UnixStream, qmp: &mut Qmp) {
+/// The guest's request the harness is serving, and since when.
+type InFlight = Arc<Mutex<Option<(String, Instant)>>>;
+
+/// Says, for a run that timed out, whether the harness was waiting on QEMU for
+/// a guest's request and whether QEMU's monitor still answers: a stuck QEMU
+/// and a stuck guest look the same on the console.
+fn diagnose_timeout(in_flight: &InFlight, host_qmp: &Path) -> String {
+    let request = match &*in_flight.lock().unwrap_or_else(|e| e.into_inner()) {
+        Some((request, since)) => format!(
+            "the guest's request `{request}` was waiting on QEMU for {:.0?}",
+            since.elapsed()
+        ),
+        None => "no request of the guest was waiting on QEMU".to_string(),
+    };
+    let monitor = match Qmp::connect_with_timeout(host_qmp, MONITOR_PROBE_TIMEOUT)
+        .and_then(|mut q| q.execute("query-status", json!({})))
+    {
+        Ok(status) => format!(
+            "QEMU's monitor answered (status {})",
+            status.get("status").and_then(|s| s.as_str()).unwrap_or("?")
+        ),
+        Err(err) => {
+            format!("QEMU's monitor did not answer within {MONITOR_PROBE_TIMEOUT:?} ({err})")
+        }
+    };
+    format!("{request}; {monitor}")
+}
+
+fn serve_control(stream: UnixStream, qmp: &mut Qmp, in_flight: &InFlight) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -483,7 +523,11 @@ fn serve_control(stream: UnixStream, qmp: &mut Qmp) {
         if request.is_empty() {
             continue;
         }
-        let reply = match handle_request(&request, qmp) {
+        *in_flight.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((request.clone(), Instant::now()));
+        let answer = handle_request(&request, qmp);
+        *in_flight.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let reply = match answer {
             Ok(text) => format!("ok {}", text.replace(['\r', '\n'], " ").trim()),
             Err(text) => format!("err {}", text.replace(['\r', '\n'], " ")),
         };
