@@ -1,5 +1,5 @@
 # Thin wrappers over scripts/; see README.md.
-.PHONY: all build run test test-gpu testbed uapi kmod clean-kmod
+.PHONY: all build run test test-gpu testbed uapi kmod clean-kmod deb distro-kmod
 
 all: build
 
@@ -37,3 +37,11 @@ clean-kmod:
 # `scripts/test-gpu.sh run DIR` there.
 test-gpu:
 	bash scripts/test-gpu.sh
+
+# The DKMS package: build/deb/pcieipc-dkms_<version>_all.deb (README: Install on your server).
+deb:
+	bash scripts/build-deb.sh
+
+# pcieipc.ko for Debian's packaged kernel, in a trixie chroot: make distro-kmod [RELEASE=7.3.4+deb13-amd64]
+distro-kmod:
+	bash scripts/distro-kmod.sh $(RELEASE)

@@ -60,3 +60,12 @@ foreign_extract() {
     rm -rf "$tmp"
     touch "$dest/.extracted"
 }
+
+# in_distro_root ROOT COMMAND...: runs COMMAND in the chroot ROOT (the Debian
+# root of scripts/distro-kmod.sh) with /proc and /dev, in a private mount
+# namespace so that nothing stays mounted when it ends.
+in_distro_root() {
+    unshare -m -- sh -c 'mount -t proc proc "$0/proc" && mount --bind /dev "$0/dev" &&
+        exec chroot "$0" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        HOME=/root LC_ALL=C.UTF-8 "$@"' "$@"
+}

@@ -22,6 +22,19 @@ add_step "python: abi3 wheel (maturin), pytest against Gloo, DDP, 2x2 nodes, a k
 add_step "kmod: CLIPPY=1 build (warnings are errors)" 'make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules'
 add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs'
 add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'
+add_step "distro: pcieipc.ko for Debian's packaged kernel, against its headers, with its rustc 1.85 (the MSRV)" 'bash scripts/distro-kmod.sh >/dev/null'
+add_step "distro: the DKMS .deb installs, builds, names a kernel without Rust artifacts, removes" 'bash scripts/test-dkms.sh'
+
+# A run past its time limit: killed, exit status 2, and the error says who
+# was stuck (a hang in QEMU and one in the guest look alike on the console).
+harness_timeout() {
+    local out rc
+    out="$("$PCIEIPC_BIN/pcieipc-testbed" run --quiet --timeout 20 --topology tests/topologies/fabric.toml \
+        --guest tests/guest/stuck.sh --kernel "$PCIEIPC_KERNEL" 2>&1)" && rc=0 || rc=$?
+    echo "$out" | grep -F "did not finish" >&2
+    [ "$rc" = 2 ] && grep -qF "the guest did not finish within 20s: QEMU was killed; no request of the guest was waiting on QEMU; QEMU's monitor answered (status running)" <<<"$out"
+}
+add_step "testbed: a run past its time limit is killed and says who was stuck" harness_timeout
 
 # Guest tests: TOPOLOGY GUEST-SCRIPT [HOST-SCRIPT]
 while read -r topology guest host; do
@@ -53,6 +66,24 @@ engine-aer.toml engine-tracefs.sh
 engine-aer.toml engine-fatal.sh
 engine-aer.toml engine-retrain.sh
 engine-aer.toml engine-follow.sh
+LIST
+
+# The same guest scripts on Debian's packaged kernel (its vmlinuz, the
+# pcieipc.ko built against its headers): load/unload and VERSION, the data
+# path, DMA, AER, link and events. TOPOLOGY GUEST-SCRIPT
+while read -r topology guest; do
+    [ -n "$topology" ] || continue
+    add_step "guest on Debian's kernel: $guest on $topology" \
+        "bash scripts/testbed.sh --distro tests/topologies/$topology tests/guest/$guest"
+done <<'LIST'
+fabric.toml module.sh
+datapath.toml datapath-ipc.sh
+datapath.toml datapath-dma.sh
+fabric.toml aer.sh
+fabric.toml fault.sh
+fabric.toml aer-tracefs.sh
+engine-aer.toml engine-retrain.sh
+fabric.toml demo.sh
 LIST
 
 # Progress, one line as each step starts and one as it ends, on stderr:
