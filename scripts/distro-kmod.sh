@@ -43,10 +43,7 @@ series="${series%%+*}"
 in_root() { in_distro_root "$ROOT" "$@"; }
 
 if [ ! -f "$ROOT/.complete" ]; then
-    command -v debootstrap >/dev/null || {
-        DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends debootstrap >/dev/null ||
-            die "apt-get install debootstrap failed"
-    }
+    command -v debootstrap >/dev/null || die "debootstrap is missing: run scripts/setup-host.sh"
     log "debootstrap $SUITE into $ROOT (a few minutes, once)"
     rm -rf "$ROOT" "$ROOT.tmp"; mkdir -p "$DISTRO"
     debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$ROOT.tmp" "$DEBIAN_MIRROR" \

@@ -2,7 +2,8 @@
 # Installs everything the testbed and the builds need on a Debian 12 machine and
 # writes $PCIEIPC_CACHE/env.sh, which the other scripts source.
 #   - bookworm packages through apt (compiler, kernel build tools, busybox, QEMU's libraries,
-#     Chromium and chromedriver for the browser test of `pcieipc probe --html`)
+#     Chromium and chromedriver for the browser test of `pcieipc probe --html`,
+#     debootstrap for the Debian root of scripts/distro-kmod.sh)
 #   - QEMU 10.0 from bookworm-backports (7.2 cannot deliver correctable AER errors)
 #   - rust-src equal to the installed rustc (the kernel needs core's source)
 #   - bindgen-cli (kernel build and the UAPI bindings) and libclang >= 17 (PyPI wheel)
@@ -13,7 +14,7 @@ BINDGEN_VERSION=0.72.1
 LIBCLANG_WHEEL_VERSION=18.1.1
 APT_PACKAGES=(build-essential flex bison bc libelf-dev libssl-dev cpio xz-utils kmod
     busybox-static qemu-system-x86 python3 pkg-config openmpi-bin libopenmpi-dev
-    chromium chromium-driver)
+    chromium chromium-driver debootstrap)
 
 mkdir -p "$PCIEIPC_CACHE"
 
