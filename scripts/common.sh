@@ -37,14 +37,15 @@ SRC
 }
 
 # Newest version of PKG that the private lists know whose version matches the
-# extended regex PATTERN.
+# extended regex PATTERN; nothing (and success) when none does, so that the
+# caller names what is missing.
 foreign_newest() {
     local pkg="$1" pattern="${2:-.}"
     foreign_apt_update
     apt-cache -o Dir::Etc::SourceList="$PCIEIPC_CACHE/apt/sources.list" \
         -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$PCIEIPC_CACHE/apt/lists" \
         -o Dir::Cache="$PCIEIPC_CACHE/apt/cache" madison "$pkg" 2>/dev/null |
-        awk -F'|' '{gsub(/ /,"",$2); print $2}' | grep -E "$pattern" | sort -V | tail -1
+        awk -F'|' '{gsub(/ /,"",$2); print $2}' | { grep -E "$pattern" || true; } | sort -V | tail -1
 }
 
 # Download PKG=VERSION and unpack it into DEST (once).

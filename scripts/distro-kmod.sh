@@ -88,7 +88,7 @@ gcc_package="$(echo "${cc_text%% *}" | sed -n 's/^x86_64-linux-gnu-\(gcc-[0-9]*\
 # The newest Debian version of PACKAGE whose upstream part is UPSTREAM.
 root_version() {
     in_root apt-cache madison "$1" | awk -F'|' '{gsub(/ /,"",$2); print $2}' |
-        grep -E "^${2//./\\.}[+-]" | sort -V | tail -1
+        { grep -E "^${2//./\\.}[+-]" || true; } | sort -V | tail -1
 }
 want=()
 for p in "rustc $rustc_version" "rust-src $rustc_version" "bindgen $bindgen_version"; do
