@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the testbed kernel: Debian's linux-source 7.3.x, tinyconfig plus
+# Builds the testbed kernel: Debian's newest linux-source of KERNEL_SERIES
+# (common.sh: 7.3.x), tinyconfig plus
 # scripts/kernel/testbed.config, Rust enabled. The build lands in
 # $PCIEIPC_CACHE/kernel/<key>, key = hash of (kernel version, rustc, bindgen,
 # gcc, config fragment); a second run with the same key only prints the path.
@@ -9,8 +10,8 @@ source "$(dirname "$0")/common.sh"
 source "$PCIEIPC_CACHE/env.sh"
 
 FRAGMENT="$REPO_ROOT/scripts/kernel/testbed.config"
-KVER="$(foreign_newest linux-source-7.3 '^7\.3\.')"
-[ -n "$KVER" ] || die "no linux-source-7.3 7.3.x in trixie-backports (Debian may have moved it; set DEBIAN_MIRROR)"
+KVER="$(foreign_newest "linux-source-$KERNEL_SERIES" "^${KERNEL_SERIES//./\\.}\\.")"
+[ -n "$KVER" ] || die "no linux-source-$KERNEL_SERIES $KERNEL_SERIES.x in trixie-backports (Debian may have moved it; set DEBIAN_MIRROR)"
 
 key_input="linux-source $KVER
 $(rustc --version)
@@ -26,13 +27,13 @@ if [ -f "$BUILD/.complete" ]; then
 fi
 
 SRC_PKG="$PCIEIPC_CACHE/linux-source-$KVER"
-foreign_extract linux-source-7.3 "$KVER" "$SRC_PKG"
+foreign_extract "linux-source-$KERNEL_SERIES" "$KVER" "$SRC_PKG"
 SRC="$PCIEIPC_CACHE/linux-$KVER"
 if [ ! -f "$SRC/.unpacked" ]; then
     log "unpacking linux-source $KVER"
     rm -rf "$SRC" "$SRC.tmp"; mkdir -p "$SRC.tmp"
-    tar -xJf "$SRC_PKG"/usr/src/linux-source-7.3.tar.xz -C "$SRC.tmp" --strip-components=1 ||
-        die "cannot unpack $SRC_PKG/usr/src/linux-source-7.3.tar.xz"
+    tar -xJf "$SRC_PKG/usr/src/linux-source-$KERNEL_SERIES.tar.xz" -C "$SRC.tmp" --strip-components=1 ||
+        die "cannot unpack $SRC_PKG/usr/src/linux-source-$KERNEL_SERIES.tar.xz"
     mv "$SRC.tmp" "$SRC"; touch "$SRC/.unpacked"
 fi
 

@@ -6,9 +6,20 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # that a fresh clone on the same machine reuses it (CI clones anew every run).
 PCIEIPC_CACHE="${PCIEIPC_CACHE:-/var/cache/pcieipc}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The kernel series the module is written for: the kernel crate's API changes
+# incompatibly between series (7.2 -> 7.3 changed probe, IRQ handler and IRQ
+# vector types), so the testbed kernel and the Debian kernel are both 7.3.x.
+KERNEL_SERIES=7.3
 
 log() { printf '[pcieipc %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[pcieipc] error: %s\n' "$*" >&2; exit 1; }
+
+# apt-cache over the private sources list of foreign_apt.
+foreign_apt_cache() {
+    apt-cache -o Dir::Etc::SourceList="$PCIEIPC_CACHE/apt/sources.list" \
+        -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$PCIEIPC_CACHE/apt/lists" \
+        -o Dir::Cache="$PCIEIPC_CACHE/apt/cache" "$@"
+}
 
 # apt-get over a private sources list, so that packages from other Debian suites
 # (trixie-backports, bookworm-backports) are fetched without touching the
@@ -42,9 +53,7 @@ SRC
 foreign_newest() {
     local pkg="$1" pattern="${2:-.}"
     foreign_apt_update
-    apt-cache -o Dir::Etc::SourceList="$PCIEIPC_CACHE/apt/sources.list" \
-        -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$PCIEIPC_CACHE/apt/lists" \
-        -o Dir::Cache="$PCIEIPC_CACHE/apt/cache" madison "$pkg" 2>/dev/null |
+    foreign_apt_cache madison "$pkg" 2>/dev/null |
         awk -F'|' '{gsub(/ /,"",$2); print $2}' | { grep -E "$pattern" || true; } | sort -V | tail -1
 }
 

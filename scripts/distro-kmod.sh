@@ -2,8 +2,8 @@
 # Builds pcieipc.ko for a Debian kernel as a user's server would: against the
 # packaged linux-headers, after giving them the Rust artifacts Debian does not
 # ship (packaging/prepare-kernel-rust.sh, the script the .deb installs).
-#   scripts/distro-kmod.sh [KERNEL-RELEASE]     (default: the newest
-#                                                linux-image-*-amd64 of trixie-backports)
+#   scripts/distro-kmod.sh [KERNEL-RELEASE]     (default: Debian's newest amd64 kernel of
+#                                                KERNEL_SERIES, common.sh: 7.3.x in trixie-backports)
 # Everything happens in a Debian trixie chroot ($PCIEIPC_CACHE/distro/trixie,
 # made once with debootstrap), so the host is untouched: the kernel was built
 # with trixie's rustc 1.85.1, bindgen and gcc-14, and crate metadata is only
@@ -25,13 +25,10 @@ BASE_PACKAGES=make,flex,bison,bc,libelf-dev,libssl-dev,openssl,python3,kmod,cpio
 
 release="${1:-}"
 if [ -z "$release" ]; then
-    meta_version="$(foreign_newest linux-image-amd64 '~bpo13')"
-    [ -n "$meta_version" ] || die "trixie-backports has no linux-image-amd64"
-    release="$(apt-cache -o Dir::Etc::SourceList="$PCIEIPC_CACHE/apt/sources.list" \
-        -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$PCIEIPC_CACHE/apt/lists" \
-        -o Dir::Cache="$PCIEIPC_CACHE/apt/cache" show "linux-image-amd64=$meta_version" 2>/dev/null |
-        sed -n 's/^Depends:.*linux-image-\([^ ,]*-amd64\).*/\1/p' | head -1)"
-    [ -n "$release" ] || die "cannot tell which kernel linux-image-amd64 $meta_version depends on"
+    foreign_apt_update
+    release="$(foreign_apt_cache pkgnames "linux-headers-$KERNEL_SERIES." 2>/dev/null |
+        sed -n 's/^linux-headers-\([0-9.]*+deb[0-9]*-amd64\)$/\1/p' | sort -V | tail -1)"
+    [ -n "$release" ] || die "Debian (trixie, trixie-backports) has no linux-headers-$KERNEL_SERIES.*-amd64"
 fi
 [[ "$release" =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?\+deb[0-9]+-amd64$ ]] ||
     die "'$release' is not a Debian amd64 kernel release (like 7.3.4+deb13-amd64)"
