@@ -42,6 +42,11 @@ impl DmaBuffer {
     pub(crate) fn alloc(dev: ARef<pci::Device>, device_index: u32, size: usize) -> Result<Self> {
         let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(EINVAL)?;
         let mut bus: bindings::dma_addr_t = 0;
+        // __GFP_NOWARN: a size the allocator cannot serve is the caller's
+        // ENOMEM, not a warning in the kernel log (a crash with
+        // panic_on_warn). Without a CMA area (Debian's kernels reserve none
+        // unless booted with `cma=`) a buffer above the buddy allocator's
+        // largest order (4 MiB on x86) always fails so.
         // SAFETY: `dev` is a live device (the ARef holds it); the coherent
         // mask was set at probe (PCI devices default to 32 bits).
         let cpu = unsafe {
@@ -49,7 +54,7 @@ impl DmaBuffer {
                 raw_device(&dev),
                 size,
                 &mut bus,
-                bindings::GFP_KERNEL | bindings::__GFP_ZERO,
+                bindings::GFP_KERNEL | bindings::__GFP_ZERO | bindings::__GFP_NOWARN,
                 0,
             )
         };
