@@ -18,13 +18,7 @@ check "2 ivshmem-doorbell devices bound, each on a 16 GT/s x16 link" sh -c '
 # sweep_with_error OUT NRANKS PORT: a checked 1 MiB..16 MiB sweep, an
 # uncorrectable error injected on PORT after the first row.
 sweep_with_error() {
-    pcieipc bench --transport pcieipc --nranks "$2" -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 > "$1" 2>&1 &
-    bench=$!
-    for i in $(seq 600); do grep -q "^ *1048576 " "$1" && break; sleep 0.1; done
-    host hmp "pcie_aer_inject_error $3 COMP_TIME" > /dev/null
-    wait $bench; rc=$?
-    cat "$1"
-    return $rc
+    inject_mid_sweep "$1" "$3" COMP_TIME --transport pcieipc --nranks "$2" -b 1M -e 16M -f 2 -n 5 -w 1 -c 1
 }
 # chunks OUT FIRST LAST: 5 rows, no wrong element, the first row's chunk
 # FIRST and the last row's LAST.

@@ -6,8 +6,6 @@
 # ivs1 0000:02:00.0 below rp2 00:11.0; rank r names ivs r). Every run is a
 # checked sweep (-c 1); the last column is the chunk of the row's last call.
 export PCIEIPC_LINK_TRACEFS=1
-# uptime_ms: the guest's clock, to the 10 ms /proc/uptime gives.
-uptime_ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
 check "the module is not loaded: ivs0 and ivs1 have no driver" sh -c '
     ! grep -q "^pcieipc " /proc/modules &&
     [ ! -e /sys/bus/pci/devices/0000:01:00.0/driver ] && [ ! -e /sys/bus/pci/devices/0000:02:00.0/driver ]'
@@ -16,16 +14,9 @@ check "the module is not loaded: ivs0 and ivs1 have no driver" sh -c '
 # injected on rp2 once the first row is out; prints how long the job ran on
 # after the injection.
 sweep() {
-    pcieipc bench --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 \
-        --link-of 0000:01:00.0,0000:02:00.0 > "$1" 2>&1 &
-    bench=$!
-    for i in $(seq 600); do grep -q "^ *1048576 " "$1" && break; sleep 0.1; done
-    injected=$(uptime_ms)
-    host hmp "pcie_aer_inject_error rp2 $2" > /dev/null
-    wait $bench; rc=$?
-    ended=$(uptime_ms)
-    cat "$1"
-    echo "$2: the job exited with $rc, $((ended - injected)) ms after the injection" | tee -a /tmp/stalls
+    inject_mid_sweep "$1" rp2 "$2" --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 \
+        --link-of 0000:01:00.0,0000:02:00.0 && rc=0 || rc=$?
+    echo "$2: the job exited with $rc, $INJECTED_MS ms after the injection" | tee -a /tmp/stalls
     return $rc
 }
 # exact OUT FIRST [LAST]: 5 rows, no wrong element, the first row's chunk

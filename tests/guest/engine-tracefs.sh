@@ -9,13 +9,7 @@ check "insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
 # sweep_with_error OUT: a checked 1 MiB..16 MiB sweep on 2 ranks, a
 # correctable Bad TLP injected on rp2 (ivs1's port) after the first row.
 sweep_with_error() {
-    pcieipc bench --transport pcieipc --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 > "$1" 2>&1 &
-    bench=$!
-    for i in $(seq 600); do grep -q "^ *1048576 " "$1" && break; sleep 0.1; done
-    host hmp "pcie_aer_inject_error rp2 BAD_TLP" > /dev/null
-    wait $bench; rc=$?
-    cat "$1"
-    return $rc
+    inject_mid_sweep "$1" rp2 BAD_TLP --transport pcieipc --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1
 }
 # chunks OUT FIRST LAST: 5 rows, no wrong element, the first row's chunk
 # FIRST and the last row's LAST.

@@ -91,6 +91,24 @@ check() {
         PCIEIPC_FAILED=$((PCIEIPC_FAILED + 1)); echo "FAIL: $desc"; echo "$out" | sed 's/^/    /'
     fi
 }
+# inject_mid_sweep OUT PORT ERROR BENCH-ARG...: runs `pcieipc bench
+# BENCH-ARG...` in the background into OUT, injects ERROR on the root port
+# PORT once its first row (1 MiB) is out, waits for the job and prints OUT.
+# Returns the job's exit status; INJECTED_MS is how long the job ran on after
+# the injection (to the 10 ms /proc/uptime gives: busybox's date has no
+# sub-second format).
+inject_mid_sweep() {
+    sweep_out="$1"; port="$2"; error="$3"; shift 3
+    pcieipc bench "$@" > "$sweep_out" 2>&1 &
+    bench=$!
+    for i in $(seq 600); do grep -q "^ *1048576 " "$sweep_out" && break; sleep 0.1; done
+    injected=$(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime)
+    host hmp "pcie_aer_inject_error $port $error" > /dev/null
+    wait $bench; rc=$?
+    INJECTED_MS=$(( $(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime) - injected ))
+    cat "$sweep_out"
+    return $rc
+}
 # summary: prints the counts; fails if any check failed or none ran.
 summary() {
     echo "guest: $PCIEIPC_PASSED passed, $PCIEIPC_FAILED failed"
