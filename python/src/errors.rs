@@ -81,7 +81,7 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
         | E::RankNeverJoined { rank, .. }
         | E::DuplicateRank { rank }
         | E::RankCountMismatch { rank, .. } => (Some(*rank), None),
-        E::PeerCorrupt { peer, .. } => (Some(*peer), None),
+        E::PeerCorrupt { peer, .. } | E::DamagedMessage { peer, .. } => (Some(*peer), None),
         // Both ranks of a mismatch get the same record: the peer is the
         // one that is not this process.
         E::MismatchedCall {
@@ -103,6 +103,8 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
         | E::PeerGpuFailed { .. }
         | E::PeerCorrupt { .. }
         | E::PeerMemoryUnreadable { .. } => PeerError::new_err(message),
+        // Data damaged on a link: the device's (link's) failure, as DeviceFault.
+        E::DamagedMessage { .. } => DeviceError::new_err(message),
         E::MismatchedCall { .. }
         | E::MismatchedRegistration { .. }
         | E::RankCountMismatch { .. } => MismatchError::new_err(message),
@@ -120,7 +122,8 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
         | E::RootOutOfRange { .. }
         | E::BadWindowSizes { .. }
         | E::AlgorithmUnavailable { .. }
-        | E::WrongGpu { .. } => InvalidArgument::new_err(message),
+        | E::WrongGpu { .. }
+        | E::DamageWithoutChecksums { .. } => InvalidArgument::new_err(message),
         E::Transport { .. }
         | E::BindCpu { .. }
         | E::SharedMemory { .. }

@@ -56,6 +56,33 @@ check "a new job starts from ivs1's link as it reads now (2.5 GT/s x1): 64 KiB c
     cat /tmp/slow.out &&
     awk "!/^#/ && NF == 14 { rows++; if (\$9 != 0 || \$13 != 0 || \$14 != 65536) bad++ }
         END { exit !(rows == 1 && !bad) }" /tmp/slow.out'
+# Chunk checksums (docs/fault-path.md): on this transport every chunk carries
+# one, checked on receipt. QEMU's injected errors damage no data, so in this
+# sweep each rank also damages the 40th chunk it sends (--damage-chunk: the
+# slot's data after the checksum, as a write damaged on the link would be)
+# while a non-fatal error is injected on rank 1's link: each receiver reads the
+# chunk again, has it resent, and every element of the sweep is exact.
+resend_damaged() {
+    inject_mid_sweep /tmp/resend.out rp2 COMP_TIME --transport pcieipc --nranks 2 \
+        -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 --damage-chunk 40 &&
+    awk '!/^#/ && NF == 14 { rows++; if ($9 != 0 || $13 != 0) bad++ }
+        END { exit !(rows == 5 && !bad) }' /tmp/resend.out &&
+    for pair in "0 1" "1 0"; do
+        set -- $pair
+        grep -q "^# rank $1 resend in call [0-9]*: message [0-9]* of rank $2's r[a-z]* slot failed its checksum; whole on read 3 (1 resend), stall [0-9]* us$" /tmp/resend.out || return 1
+    done &&
+    grep -q "^# rank 1 fault [a-z]* call [0-9]*: 0000:02:00.0 Completion Timeout \[14\] non-fatal: await recovery, recovery recovered (resume)" /tmp/resend.out
+}
+check "a non-fatal error mid-sweep and a damaged chunk from each rank: re-read, resent once, exact" resend_damaged
+grep "^# rank" /tmp/resend.out
+stays_damaged() {
+    ! pcieipc bench --transport pcieipc --nranks 2 -b 1M -e 1M -n 2 -w 0 -c 1 \
+        --damage-chunk 3x9 > /tmp/damaged.out 2>&1
+    cat /tmp/damaged.out
+    [ "$(grep -c "^pcieipc: error: rank [01]: message [0-9]* in rank [01]'s r[a-z]* slot failed its checksum on all 5 reads" /tmp/damaged.out)" = 2 ]
+}
+check "a chunk damaged on every write: both ranks fail naming it (5 reads), no wrong result, no hang" stays_damaged
+grep "^pcieipc: error" /tmp/damaged.out
 error_on_own_link() {
     sweep_with_error /tmp/link.out 1 rp1 && chunks /tmp/link.out 1048576 65536
 }

@@ -161,6 +161,17 @@ pub struct Args {
     /// chunk follows the speed it trains to (docs/fault-path.md).
     #[arg(long)]
     retrain_degraded: bool,
+    /// Chunk checksums (docs/fault-path.md): every message carries a
+    /// checksum, checked on receipt, read again and resent while damaged.
+    /// `auto`: on where the transport's windows are device memory (pcieipc).
+    #[arg(long, value_name = "auto|on|off", default_value = "auto", value_parser = ["auto", "on", "off"])]
+    chunk_checksums: String,
+    /// For tests of the checksums: every rank damages the CHUNK-th chunk it
+    /// sends (from 0) in its slot after checksumming it, on its first WRITES
+    /// writes (1: the post; more: its resends too, and above 4 the call
+    /// fails with the message named).
+    #[arg(long, value_name = "CHUNK[xWRITES]")]
+    damage_chunk: Option<pcieipc::engine::DamageInjection>,
     /// shm: the PCI function whose path to its host bridge the ranks' data
     /// crosses, comma-separated per rank (one serves all). Each rank's chunk
     /// then follows that path's bottleneck link and health as the probe sees
@@ -299,6 +310,12 @@ fn options(args: &Args, rank: usize) -> anyhow::Result<CommOptions> {
         spin: args.spin_us.map_or(defaults.spin, Duration::from_micros),
         single_copy: args.single_copy == "auto",
         retrain_degraded: args.retrain_degraded,
+        chunk_checksums: match args.chunk_checksums.as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
+        damage: args.damage_chunk,
         secret,
         ..defaults
     })
@@ -780,6 +797,9 @@ fn sweep<C: Collective, T: BenchElement>(
     let rank = comm.rank();
     for fault in comm.host().faults() {
         crate::eprint_line(&format!("# rank {rank} fault {fault}"));
+    }
+    for resend in comm.host().resends() {
+        crate::eprint_line(&format!("# rank {rank} resend {resend}"));
     }
     let avg_busbw = busbw_sum / (2 * sizes.len()) as f64;
     if leader {

@@ -203,12 +203,28 @@ pub enum EngineError {
         recovery: super::fault_policy::Recovery,
     },
 
+    #[error(
+        "rank {rank}: message {message} in rank {peer}'s {carrier} failed its checksum on all \
+         {reads} reads (re-read and resent): the data crossing the link stays damaged \
+         (docs/fault-path.md, chunk checksums)"
+    )]
+    DamagedMessage {
+        rank: usize,
+        peer: usize,
+        carrier: super::failure::Carrier,
+        message: u32,
+        reads: u32,
+    },
+
     #[error("rank {rank}: {source}")]
     FollowDevice {
         rank: usize,
         #[source]
         source: super::followed_device::FollowError,
     },
+
+    #[error("rank {rank}: damage injection needs chunk checksums on (they are off)")]
+    DamageWithoutChecksums { rank: usize },
 
     #[error("broadcast root {root} is out of range for {nranks} ranks")]
     RootOutOfRange { root: usize, nranks: usize },

@@ -50,6 +50,42 @@ pub enum Failure {
         bits: FaultBits,
         recovery: Recovery,
     },
+    /// Rank `rank` read `message` (its number on `carrier`) from `peer`
+    /// `reads` times and it never matched its checksum.
+    DamagedMessage {
+        rank: usize,
+        peer: usize,
+        carrier: Carrier,
+        message: u32,
+        reads: u32,
+    },
+}
+
+/// What carried a message that arrived damaged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Carrier {
+    RawSlot = 0,
+    RelaySlot = 1,
+    OneShotWindow = 2,
+}
+
+impl Carrier {
+    fn from_wire(code: u64) -> Option<Carrier> {
+        [Carrier::RawSlot, Carrier::RelaySlot, Carrier::OneShotWindow]
+            .into_iter()
+            .find(|carrier| *carrier as u64 == code)
+    }
+}
+
+impl std::fmt::Display for Carrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Carrier::RawSlot => "raw slot",
+            Carrier::RelaySlot => "relay slot",
+            Carrier::OneShotWindow => "one-shot window",
+        })
+    }
 }
 
 impl Recovery {
@@ -83,11 +119,16 @@ impl Recovery {
 pub enum Corruption {
     /// A chunk size of zero or larger than the slots hold.
     ChunkSize = 1,
+    /// Messages with chunk checksums where this rank checks none, or without
+    /// where it checks them: `CommOptions::chunk_checksums` differs.
+    ChecksumSetting = 2,
 }
 
 impl Corruption {
     fn from_wire(code: u64) -> Option<Corruption> {
-        (code == Corruption::ChunkSize as u64).then_some(Corruption::ChunkSize)
+        [Corruption::ChunkSize, Corruption::ChecksumSetting]
+            .into_iter()
+            .find(|what| *what as u64 == code)
     }
 }
 
@@ -95,6 +136,10 @@ impl std::fmt::Display for Corruption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Corruption::ChunkSize => "a chunk size its slots cannot hold",
+            Corruption::ChecksumSetting => {
+                "messages whose chunk checksums (present or absent) differ from this rank's \
+                 setting: set chunk_checksums alike on every rank"
+            }
         })
     }
 }
@@ -147,6 +192,22 @@ impl Failure {
                 ]);
                 words[6..8].copy_from_slice(&recovery.to_words());
             }
+            Failure::DamagedMessage {
+                rank,
+                peer,
+                carrier,
+                message,
+                reads,
+            } => {
+                words[..6].copy_from_slice(&[
+                    8,
+                    rank as u64,
+                    peer as u64,
+                    carrier as u64,
+                    u64::from(message),
+                    u64::from(reads),
+                ]);
+            }
         }
         words
     }
@@ -192,6 +253,13 @@ impl Failure {
                 },
                 recovery: Recovery::from_words([words[6], words[7]])?,
             },
+            8 => Failure::DamagedMessage {
+                rank: words[1] as usize,
+                peer: words[2] as usize,
+                carrier: Carrier::from_wire(words[3])?,
+                message: u32::try_from(words[4]).ok()?,
+                reads: u32::try_from(words[5]).ok()?,
+            },
             _ => return None,
         })
     }
@@ -232,6 +300,19 @@ impl From<Failure> for EngineError {
                 device: crate::events::bdf_string(bdf),
                 bits,
                 recovery,
+            },
+            Failure::DamagedMessage {
+                rank,
+                peer,
+                carrier,
+                message,
+                reads,
+            } => EngineError::DamagedMessage {
+                rank,
+                peer,
+                carrier,
+                message,
+                reads,
             },
         }
     }
@@ -295,6 +376,13 @@ mod tests {
                     correctable: 0,
                 },
                 recovery: Recovery::Recovered,
+            },
+            Failure::DamagedMessage {
+                rank: 1,
+                peer: 0,
+                carrier: Carrier::RelaySlot,
+                message: u32::MAX,
+                reads: 5,
             },
         ];
         for failure in failures {

@@ -13,6 +13,7 @@
 //!   transports (shm, pcieipc).
 //! - `cuda`: the GPU backend, steps from `schedule`, control over `comm`.
 
+mod checksum;
 mod chunk;
 mod collectives;
 mod comm;
@@ -26,10 +27,12 @@ pub mod schedule;
 pub mod transport;
 
 pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, AER_MEMORY, HOST_MEMORY_STEPS};
-pub use comm::{CallDescriptor, CallKind, CommOptions, Communicator};
+pub use comm::{
+    CallDescriptor, CallKind, CommOptions, Communicator, DamageInjection, ResendRecord,
+};
 pub use dtype::{bf16, f16, DType, Element, ReduceOp, UnknownDType, UnknownReduceOp};
 pub use error::EngineError;
-pub use failure::{Corruption, Failure};
+pub use failure::{Carrier, Corruption, Failure};
 pub use followed_device::{FollowError, LinkDevice};
 pub use schedule::{Algorithm, AlgorithmChoice, UnknownAlgorithm};
 pub use transport::{

@@ -40,16 +40,14 @@ impl Communicator {
         };
         let parity = OneShot::window_parity(u64::from(self.one_shot_rounds));
         let [input_at, output_at] = [0, 1];
-        {
-            let mut mine = self.one_shot_window::<u64>(parity, 2);
-            mine[input_at] = buffers.input().as_ptr() as u64;
-            mine[output_at] = buffers.output().as_mut_ptr() as u64;
-        }
-        self.post_round();
+        let mut mine = [0u64; 2];
+        mine[input_at] = buffers.input().as_ptr() as u64;
+        mine[output_at] = buffers.output().as_mut_ptr() as u64;
+        self.post_one_shot(parity, &mine);
         let mut peer_buffers = vec![[0u64; 2]; n];
         for peer in schedule.peers(r) {
             self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
-            self.check_one_shot_stamp(peer, parity)?;
+            self.take_one_shot_window::<u64>(peer, parity, 2, true)?;
             peer_buffers[peer].copy_from_slice(&self.one_shot_data::<u64>(peer, parity, 2));
         }
         let element = std::mem::size_of::<T>();

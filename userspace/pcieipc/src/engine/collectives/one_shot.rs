@@ -26,16 +26,14 @@ impl Communicator {
             let bytes = range.len() * std::mem::size_of::<T>();
             let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
             let parity = OneShot::window_parity(u64::from(self.one_shot_rounds));
-            self.one_shot_window::<T>(parity, range.len())
-                .copy_from_slice(&buffers.input()[range.clone()]);
-            self.post_round();
+            self.post_one_shot(parity, &buffers.input()[range.clone()]);
             self.trace_step("send", traced_from, round, 0, bytes);
             let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
-            for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
-                self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
-                if round == 0 {
-                    self.check_one_shot_stamp(peer, parity)?;
+            for owner in 0..self.nranks {
+                if owner != self.rank {
+                    self.wait_for(owner, owner, Signal::OneShotPosted, self.one_shot_rounds)?;
                 }
+                self.take_one_shot_window::<T>(owner, parity, range.len(), round == 0)?;
             }
             // Each owner posted this round; nobody writes its window again
             // until every rank has posted the next round.

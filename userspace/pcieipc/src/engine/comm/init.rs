@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
+use super::checksums::Checksums;
 use super::options::CommOptions;
 use super::slots::MESSAGE_HEADER_BYTES;
 use super::{Communicator, StreamCounts};
@@ -87,7 +88,15 @@ impl Communicator {
             _ => None,
         };
         // Rank 0's choice: the windows were sized with it.
-        let in_flight = transport.sizes().raw_slots - 1;
+        let sizes = transport.sizes();
+        let in_flight = sizes.raw_slots - 1;
+        let checksums = options
+            .chunk_checksums
+            .unwrap_or(transport.capabilities().device_memory)
+            .then(|| Checksums::new(nranks, sizes.raw_slots, sizes.relay_slots, options.damage));
+        if options.damage.is_some() && checksums.is_none() {
+            return Err(EngineError::DamageWithoutChecksums { rank });
+        }
         let mut communicator = Communicator {
             transport,
             rank,
@@ -111,6 +120,7 @@ impl Communicator {
             single_copy: false,
             joining: true,
             followed,
+            checksums,
         };
         communicator.set_link(link);
         communicator.single_copy = communicator.agree_on_peer_reads()?;

@@ -9,6 +9,7 @@
 
 mod agreement;
 mod call;
+mod checksums;
 mod init;
 mod options;
 mod peer_reads;
@@ -18,6 +19,7 @@ mod wait;
 use std::time::{Duration, Instant};
 
 pub use call::{CallDescriptor, CallKind};
+pub use checksums::{DamageInjection, ResendRecord};
 pub use options::CommOptions;
 pub(crate) use slots::{Stream, MESSAGE_HEADER_BYTES};
 
@@ -72,6 +74,8 @@ pub struct Communicator {
     /// The device this rank's data crosses, followed through the kernel's
     /// tracepoints (`CommOptions::link_device`).
     pub(crate) followed: Option<crate::engine::followed_device::FollowedDevice>,
+    /// This rank's side of chunk checksums, where they are on.
+    checksums: Option<checksums::Checksums>,
 }
 
 impl Communicator {
@@ -145,6 +149,19 @@ impl Communicator {
     /// docs/fault-path.md), oldest first, each with the stall it cost.
     pub fn faults(&self) -> &[super::fault_policy::FaultRecord] {
         &self.faults
+    }
+
+    /// Whether this rank's messages carry checksums, checked on receipt.
+    pub fn chunk_checksums(&self) -> bool {
+        self.checksums.is_some()
+    }
+
+    /// The messages that arrived damaged and were read again until whole,
+    /// oldest first, each with the stall it cost.
+    pub fn resends(&self) -> &[ResendRecord] {
+        self.checksums
+            .as_ref()
+            .map_or(&[], |checksums| checksums.resends())
     }
 
     /// The last call this rank made, with the chunk size it moved in.

@@ -85,6 +85,16 @@ pub struct CommOptions {
     /// Opt-in: a link is down while it trains, and the retrain needs
     /// `CAP_SYS_ADMIN`.
     pub retrain_degraded: bool,
+    /// Chunk checksums (docs/fault-path.md): every message carries a
+    /// checksum of its data, its receiver checks it on a host copy, reads
+    /// it again and has it resent while it is damaged. `None`: on where the
+    /// transport's windows are device memory (the data crosses PCIe links),
+    /// off in host memory. Must be alike on every rank: a rank that receives
+    /// messages otherwise fails the call with `PeerCorrupt`.
+    pub chunk_checksums: Option<bool>,
+    /// For tests of the checksums: damages one chunk this rank sends (needs
+    /// them on).
+    pub damage: Option<crate::engine::DamageInjection>,
 }
 
 impl Default for CommOptions {
@@ -108,6 +118,8 @@ impl Default for CommOptions {
             backend_bytes: 0,
             trace: None,
             retrain_degraded: false,
+            chunk_checksums: None,
+            damage: None,
         }
     }
 }

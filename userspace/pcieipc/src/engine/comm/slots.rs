@@ -1,5 +1,6 @@
-//! The slots ranks hand each other, behind typed guards: the one place in
-//! the communicator that reads and writes shared windows by pointer.
+//! The slots ranks hand each other, behind typed guards: with `checksums`
+//! (the checked copies of them), the only place in the communicator that
+//! reads and writes shared windows by pointer.
 //!
 //! A rank sends on two streams to its successor (Raw: the first ring step,
 //! which may run ahead; Relay: every later step and broadcast), each a ring
@@ -7,17 +8,21 @@
 //! one-shot windows by rounds. A slot it fills is an [`Outgoing`] until it
 //! posts it; a message it reads is an [`Incoming`] until it releases it.
 //! The guards move into `post` and `release`, so a slot is not touched after
-//! it was handed over.
+//! it was handed over. With chunk checksums a guard points at host memory
+//! instead: the slot's shadow being filled, or the checked copy of a message.
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
+use super::checksums::one_shot_check_word;
 use super::Communicator;
 use crate::engine::error::EngineError;
+use crate::engine::failure::Carrier;
 use crate::engine::transport::{Signal, Window};
 
 /// Every Raw and Relay slot and one-shot window starts with its writer's call
-/// number and call descriptor (four words), then the data: for small
+/// number and call descriptor (four words; the chunk-size word also carries
+/// the message's checksum where they are on), then the data: for small
 /// messages stamp and data share a cache line, one transfer between cores.
 pub(crate) const MESSAGE_HEADER_BYTES: usize = 32;
 
@@ -30,8 +35,7 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
-    fn window(self, slot: u32) -> Window {
-        let slot = slot as usize;
+    pub(crate) fn window(self, slot: usize) -> Window {
         match self {
             Stream::Raw => Window::Raw { slot },
             Stream::Relay => Window::Relay { slot },
@@ -39,10 +43,21 @@ impl Stream {
     }
 
     /// Its (posted, consumed) counters.
-    fn signals(self) -> (Signal, Signal) {
+    pub(crate) fn signals(self) -> (Signal, Signal) {
         match self {
             Stream::Raw => (Signal::RawPosted, Signal::RawConsumed),
             Stream::Relay => (Signal::RelayPosted, Signal::RelayConsumed),
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    pub(crate) fn carrier(self) -> Carrier {
+        match self {
+            Stream::Raw => Carrier::RawSlot,
+            Stream::Relay => Carrier::RelaySlot,
         }
     }
 }
@@ -65,7 +80,8 @@ impl<T> Deref for Outgoing<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: `data` points at `len` elements of a window this rank owns
-        // until it posts it (which consumes the guard); the transport's
+        // until it posts it (which consumes the guard), or of the window's
+        // shadow, which nothing else touches before then; the transport's
         // mapping outlives every call.
         unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
     }
@@ -83,13 +99,15 @@ impl<T> Deref for Incoming<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: `data` points at `len` elements the peer published and
-        // does not write again until this rank hands the message back.
+        // does not write again until this rank hands the message back, or at
+        // this rank's checked copy of them, which it leaves alone until then
+        // (`Checksums::held`; one-shot copies: until the next round).
         unsafe { std::slice::from_raw_parts(self.data.as_ptr(), self.len) }
     }
 }
 
 /// The data of `window` (past its stamp) as `len` elements.
-fn data_of<T>(window: *mut u8) -> NonNull<T> {
+pub(crate) fn data_of<T>(window: *mut u8) -> NonNull<T> {
     // SAFETY: every window is page aligned and holds its stamp and then at
     // least a chunk (slots) or a one-shot message (one-shot windows), which
     // `len` never exceeds.
@@ -105,7 +123,7 @@ impl Communicator {
         }
     }
 
-    fn slots(&self, stream: Stream) -> u32 {
+    pub(crate) fn slots(&self, stream: Stream) -> u32 {
         let sizes = self.transport.sizes();
         match stream {
             Stream::Raw => sizes.raw_slots as u32,
@@ -114,9 +132,11 @@ impl Communicator {
     }
 
     /// Writes the current call's stamp at the start of a window of ours
-    /// that no peer may read until we publish it.
-    fn write_stamp(&self, window: Window) {
-        let stamp = self.stamp();
+    /// that no peer may read until we publish it, with `check_word` (the
+    /// message's checksum and flag, or 0) in its chunk-size word.
+    fn write_stamp(&self, window: Window, check_word: u64) {
+        let mut stamp = self.stamp();
+        stamp[3] |= check_word;
         let start = self.transport.window(self.rank, window).cast::<u64>();
         // SAFETY: the stamp fills the first MESSAGE_HEADER_BYTES of a page
         // aligned window that is ours until we publish it.
@@ -134,7 +154,18 @@ impl Communicator {
         // SAFETY: the peer wrote the stamp before publishing, and does not
         // touch the window until we are done with it.
         unsafe { std::ptr::copy_nonoverlapping(start, stamp.as_mut_ptr(), stamp.len()) };
+        stamp[3] &= u64::from(u32::MAX);
         Ok(self.check_stamp(peer, stamp)?.chunk_bytes)
+    }
+
+    /// The chunk-size word of the stamp `peer` wrote on a window it
+    /// published: its checksum half.
+    pub(crate) fn stamp_check_word(&self, peer: usize, window: Window) -> u64 {
+        let start = self.transport.window(peer, window).cast::<u64>();
+        // SAFETY: as in `read_stamp`; the word is the stamp's fourth. Volatile:
+        // a damaged message's stamp is read again after its resend.
+        let word = unsafe { start.add(3).read_volatile() };
+        word & !u64::from(u32::MAX)
     }
 
     /// Waits for this rank's next slot on `stream` to be free and returns it
@@ -149,6 +180,7 @@ impl Communicator {
         // flight at its next step until the kernel's recovery ends, and a
         // fatal one fails it there.
         self.follow_link_events()?;
+        self.serve_resends();
         let slots = self.slots(stream);
         let sent = self.counts(stream).sent;
         let (_, consumed) = stream.signals();
@@ -158,20 +190,28 @@ impl Communicator {
             consumed,
             sent.wrapping_add(1).wrapping_sub(slots),
         )?;
-        let window = self
-            .transport
-            .window(self.rank, stream.window(sent % slots));
-        Ok(Outgoing {
-            data: data_of(window),
-            len,
-        })
+        let slot = (sent % slots) as usize;
+        let data = if self.checksums.is_some() {
+            self.shadow_slot(stream, slot, len * std::mem::size_of::<T>())
+                .cast()
+        } else {
+            data_of(self.transport.window(self.rank, stream.window(slot)))
+        };
+        Ok(Outgoing { data, len })
     }
 
     /// Stamps `slot` (filled since `send_slot`) with the current call and
     /// hands it to the successor.
-    pub(crate) fn post<T>(&mut self, stream: Stream, _filled: Outgoing<T>) {
+    pub(crate) fn post<T>(&mut self, stream: Stream, filled: Outgoing<T>) {
         let sent = self.counts(stream).sent;
-        self.write_stamp(stream.window(sent % self.slots(stream)));
+        let slot = (sent % self.slots(stream)) as usize;
+        let check_word = if self.checksums.is_some() {
+            let bytes = filled.len * std::mem::size_of::<T>();
+            self.post_shadow(stream, slot, sent.wrapping_add(1), bytes)
+        } else {
+            0
+        };
+        self.write_stamp(stream.window(slot), check_word);
         let counts = self.counts(stream);
         counts.sent = counts.sent.wrapping_add(1);
         let sent = counts.sent;
@@ -195,7 +235,7 @@ impl Communicator {
         let received = self.counts(stream).received;
         let (posted, _) = stream.signals();
         self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
-        Ok(stream.window(received % self.slots(stream)))
+        Ok(stream.window((received % self.slots(stream)) as usize))
     }
 
     /// Waits for the predecessor's next message on `stream` and returns it
@@ -211,10 +251,14 @@ impl Communicator {
             self.read_stamp(predecessor, window)?;
             self.predecessor_checked = true;
         }
-        Ok(Incoming {
-            data: data_of(self.transport.window(predecessor, window)),
-            len,
-        })
+        let data = if self.checksums.is_some() {
+            let message = self.counts(stream).received.wrapping_add(1);
+            self.take_message(stream, window, message, len * std::mem::size_of::<T>())?
+                .cast()
+        } else {
+            data_of(self.transport.window(predecessor, window))
+        };
+        Ok(Incoming { data, len })
     }
 
     /// Waits for the predecessor's first message of this call on `stream`,
@@ -232,6 +276,7 @@ impl Communicator {
 
     /// Hands the predecessor's message back: it may reuse the slot.
     pub(crate) fn release<T>(&mut self, stream: Stream, _read: Incoming<T>) {
+        self.drop_message(stream);
         let counts = self.counts(stream);
         counts.received = counts.received.wrapping_add(1);
         let received = counts.received;
@@ -239,40 +284,64 @@ impl Communicator {
         self.transport.store(self.predecessor(), consumed, received);
     }
 
-    /// This rank's one-shot window of `parity`, stamped with the current
-    /// call, for `len` elements. Every peer finished reading it two rounds
-    /// ago (they posted the round after it, which they only do once done),
-    /// so it is ours until we post the next round.
-    pub(crate) fn one_shot_window<T: Copy>(&self, parity: usize, len: usize) -> Outgoing<T> {
+    /// Publishes `data` in this rank's one-shot window of `parity`, stamped
+    /// with the current call, and posts the round. Every peer finished
+    /// reading the window two rounds ago (they posted the round after it,
+    /// which they only do once done), so it is ours until we post.
+    pub(crate) fn post_one_shot<T: Copy>(&mut self, parity: usize, data: &[T]) {
         let window = Window::OneShot { parity };
-        self.write_stamp(window);
-        Outgoing {
+        let bytes = std::mem::size_of_val(data);
+        let check_word = if self.checksums.is_some() {
+            // SAFETY: `data` is `bytes` of plain elements.
+            let raw = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
+            let round = self.one_shot_rounds.wrapping_add(1);
+            one_shot_check_word(round, raw)
+        } else {
+            0
+        };
+        self.write_stamp(window, check_word);
+        let mut outgoing = Outgoing::<T> {
             data: data_of(self.transport.window(self.rank, window)),
-            len,
-        }
+            len: data.len(),
+        };
+        outgoing.copy_from_slice(data);
+        self.post_round();
     }
 
-    /// Checks the stamp on `peer`'s one-shot window of `parity`, once it
-    /// has posted the round.
-    pub(crate) fn check_one_shot_stamp(
-        &self,
-        peer: usize,
+    /// Takes `owner`'s one-shot window of `parity` for this round, `len`
+    /// elements, once it has posted the round (this rank's own included):
+    /// its stamp checked against the call where `check_stamp`, and with
+    /// chunk checksums its data copied and checked.
+    pub(crate) fn take_one_shot_window<T: Copy>(
+        &mut self,
+        owner: usize,
         parity: usize,
+        len: usize,
+        check_stamp: bool,
     ) -> Result<(), EngineError> {
-        self.read_stamp(peer, Window::OneShot { parity })
-            .map(|_| ())
+        if check_stamp {
+            self.read_stamp(owner, Window::OneShot { parity })?;
+        }
+        if self.checksums.is_some() {
+            let round = self.one_shot_rounds;
+            self.take_one_shot(owner, parity, round, len * std::mem::size_of::<T>())?;
+        }
+        Ok(())
     }
 
-    /// `owner`'s one-shot window of `parity` as `len` elements, once it has
-    /// posted the round (this rank's own included).
+    /// `owner`'s one-shot message of `parity` as `len` elements, once taken
+    /// with `take_one_shot_window`.
     pub(crate) fn one_shot_data<T: Copy>(
         &self,
         owner: usize,
         parity: usize,
         len: usize,
     ) -> Incoming<T> {
+        let data = self
+            .one_shot_copy(owner)
+            .unwrap_or_else(|| data_of(self.transport.window(owner, Window::OneShot { parity })));
         Incoming {
-            data: data_of(self.transport.window(owner, Window::OneShot { parity })),
+            data: data.cast(),
             len,
         }
     }

@@ -121,6 +121,8 @@ impl Communicator {
             if reached(value) {
                 return Ok(());
             }
+            // The peer we wait for may itself wait for a chunk of ours again.
+            self.serve_resends();
         }
         // Still joining (init's agreements), a peer may be slow to arrive
         // without being stuck: it has the rendezvous's time, not a call's.
@@ -131,6 +133,8 @@ impl Communicator {
         };
         transport.set_blocked_on(Some(peer));
         let outcome = loop {
+            // The peer we wait for may itself wait for a chunk of ours again.
+            self.serve_resends();
             // A peer may post what we need and then leave or exit: what it
             // posted stays readable, so progress is checked before failures.
             value = transport.load(owner, signal);

@@ -91,9 +91,18 @@ pub enum Signal {
     /// its probe word, then 2 if it read its predecessor's back with
     /// `process_vm_readv`, 3 if it could not or would not.
     Probed = 6,
+    /// Chunk checksums: the message of this rank's streams its successor
+    /// wants written again (stream in bit 31: 0 Raw, 1 Relay; the low 31 bits
+    /// of the message's number), written by the successor before it counts
+    /// the request in `ResendRequests`.
+    ResendWanted = 7,
+    /// Resends the successor has asked this rank for (written by the successor).
+    ResendRequests = 8,
+    /// Resends this rank has made (its own).
+    Resent = 9,
 }
 
-pub(crate) const SIGNALS: [Signal; 7] = [
+pub(crate) const SIGNALS: [Signal; 10] = [
     Signal::RawPosted,
     Signal::RawConsumed,
     Signal::RelayPosted,
@@ -101,6 +110,9 @@ pub(crate) const SIGNALS: [Signal; 7] = [
     Signal::OneShotPosted,
     Signal::CallsPublished,
     Signal::Probed,
+    Signal::ResendWanted,
+    Signal::ResendRequests,
+    Signal::Resent,
 ];
 
 /// The window sizes all ranks agreed on at the rendezvous.
@@ -225,6 +237,11 @@ pub trait Transport: Send {
     fn await_recovery(&mut self, _bound: Duration) -> Recovery {
         Recovery::Unfinished { waited_ms: 0 }
     }
+
+    /// Wakes every sleeping rank, whatever it sleeps on: for a request a
+    /// peer must see at once (a resend), which is rare enough that the other
+    /// sleepers' spurious wake-ups cost nothing.
+    fn wake_all(&self);
 
     /// Records `failure` unless another is recorded already, wakes every
     /// sleeper, and returns the failure that stands.

@@ -303,6 +303,10 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
         self.signalling.retrain_degraded_link()
     }
 
+    fn wake_all(&self) {
+        S::wake_all(self);
+    }
+
     fn abort(&self, failure: Failure) -> Failure {
         self.segment.abort(failure, || S::wake_all(self))
     }
