@@ -101,10 +101,15 @@ impl Collective for Communicator {
                 let sizes = |messages: std::ops::RangeInclusive<usize>| {
                     format!("{} to {}", size(*messages.start()), size(*messages.end()))
                 };
+                let direct = self.direct_messages();
+                let direct = if direct.is_empty() {
+                    "the direct all_reduce when asked (--algorithm direct)".to_owned()
+                } else {
+                    format!("direct all_reduce for {} messages", sizes(direct))
+                };
                 format!(
-                    "transport {name}, single-copy reads (peers' memory): direct all_reduce for {} \
-                     messages, ring all-gather single-copy for {}",
-                    sizes(self.direct_messages()),
+                    "transport {name}, single-copy reads (peers' memory): {direct}, ring \
+                     all-gather single-copy for {}",
                     sizes(self.single_copy_messages())
                 )
             }

@@ -205,6 +205,7 @@ fn every_algorithm_is_exact_with_checksums() {
                 role.nranks,
                 CommOptions {
                     algorithm: AlgorithmChoice::Auto,
+                    direct_messages: (4 << 20)..=(16 << 20),
                     ..options(None)
                 },
             )

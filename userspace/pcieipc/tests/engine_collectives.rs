@@ -323,16 +323,25 @@ fn every_collective_dtype_and_op_on_7_ranks() {
     );
 }
 
-/// Every dtype × op at 1 MiB + 3 elements, with the default options (so the
-/// size picks the algorithm: the ring with its default chunks for 1- and
-/// 2-byte types, direct for 4- and 8-byte ones) and again forced onto the
+/// The options with the direct algorithm chosen for 4 MiB to 16 MiB (off by
+/// default: the ring measured ahead on the CPUs the project runs on).
+fn direct_window_options() -> CommOptions {
+    CommOptions {
+        direct_messages: (4 << 20)..=(16 << 20),
+        ..CommOptions::default()
+    }
+}
+
+/// Every dtype × op at 1 MiB + 3 elements, with the direct window at 4–16 MiB
+/// (so the size picks the algorithm: the ring with its default chunks for 1-
+/// and 2-byte types, direct for 4- and 8-byte ones) and again forced onto the
 /// ring, so both large paths see every dtype and op on every rank count.
 fn large_every_dtype_and_op(role: Role) {
     let mut comm = Communicator::init(
         &role.rendezvous,
         role.rank,
         role.nranks,
-        CommOptions::default(),
+        direct_window_options(),
     )
     .expect("init");
     assert_eq!(comm.algorithm_for::<u8>(LARGE), Algorithm::Ring);
@@ -390,7 +399,7 @@ fn large_all_reduce_on_7_ranks() {
 /// rank reading its predecessor's memory with process_vm_readv) silently
 /// always fell back to the relay slots, this fails. It checks the
 /// collectives that use them on the way: the ring's single-copy all-gather,
-/// and the direct all_reduce the default options pick from 4 MiB to 16 MiB.
+/// and the direct all_reduce picked from 4 MiB to 16 MiB where asked.
 fn single_copy_chosen(role: Role) {
     let n = role.nranks;
     let options = CommOptions {
@@ -410,7 +419,7 @@ fn single_copy_chosen(role: Role) {
     check_all_reduce::<i64>(&mut comm, &[PRIME], &[ReduceOp::Prod, ReduceOp::Avg]);
     check_all_gather::<u8>(&mut comm, 300);
     check_reduce_scatter::<i32>(&mut comm, 300, ReduceOp::Max);
-    let mut comm = Communicator::init(
+    let comm = Communicator::init(
         &format!("{}-default", role.rendezvous),
         role.rank,
         n,
@@ -418,6 +427,23 @@ fn single_copy_chosen(role: Role) {
     )
     .expect("init with the default options");
     assert!(comm.single_copy(), "rank {}: default options", role.rank);
+    let picks =
+        [1 << 20, LARGE, 4 << 20, 8 << 20, 16 << 20].map(|count| comm.algorithm_for::<u8>(count));
+    assert_eq!(
+        picks,
+        [Algorithm::Ring; 5],
+        "rank {}: the default options send no size direct",
+        role.rank
+    );
+    drop(comm);
+    let mut comm = Communicator::init(
+        &format!("{}-direct", role.rendezvous),
+        role.rank,
+        n,
+        direct_window_options(),
+    )
+    .expect("init with the direct window");
+    assert!(comm.single_copy(), "rank {}: direct window", role.rank);
     let picks =
         [1 << 20, LARGE, 4 << 20, 8 << 20, 16 << 20].map(|count| comm.algorithm_for::<u8>(count));
     assert_eq!(

@@ -33,7 +33,8 @@ fn assert_no_segment_left() {
 
 /// A rank killed mid-operation: the others fail naming it within the
 /// timeout, and no shared memory is left. 4 MiB messages: the automatic
-/// choice sends them direct (single-copy reads) or, forced, by the ring.
+/// choice, with the direct window at 4–16 MiB, sends them direct
+/// (single-copy reads) or, forced, by the ring.
 fn killed_rank(test: &str, algorithm: AlgorithmChoice) {
     const VICTIM: usize = 1;
     let peer_timeout = Duration::from_secs(20);
@@ -44,6 +45,7 @@ fn killed_rank(test: &str, algorithm: AlgorithmChoice) {
             role.nranks,
             CommOptions {
                 algorithm,
+                direct_messages: (4 << 20)..=(16 << 20),
                 ..options(peer_timeout)
             },
         )
