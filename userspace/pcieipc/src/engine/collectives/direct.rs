@@ -46,7 +46,7 @@ impl Communicator {
         self.post_one_shot(parity, &mine);
         let mut peer_buffers = vec![[0u64; 2]; n];
         for peer in schedule.peers(r) {
-            self.wait_for(peer, peer, Signal::OneShotPosted, self.one_shot_rounds)?;
+            self.wait_for_one_shot(peer, parity, self.one_shot_rounds)?;
             self.take_one_shot_window::<u64>(peer, parity, 2, true)?;
             peer_buffers[peer].copy_from_slice(&self.one_shot_data::<u64>(peer, parity, 2));
         }

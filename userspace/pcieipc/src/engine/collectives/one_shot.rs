@@ -6,7 +6,6 @@ use crate::engine::comm::{CallDescriptor, Communicator, MESSAGE_HEADER_BYTES};
 use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::OneShot;
-use crate::engine::transport::Signal;
 use crate::trace::monotonic_ns;
 
 impl Communicator {
@@ -31,9 +30,11 @@ impl Communicator {
             let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
             for owner in 0..self.nranks {
                 if owner != self.rank {
-                    self.wait_for(owner, owner, Signal::OneShotPosted, self.one_shot_rounds)?;
+                    self.wait_for_one_shot(owner, parity, self.one_shot_rounds)?;
                 }
-                self.take_one_shot_window::<T>(owner, parity, range.len(), round == 0)?;
+                // A peer's stamp is checked once per call; our own needs no check.
+                let check_stamp = round == 0 && owner != self.rank;
+                self.take_one_shot_window::<T>(owner, parity, range.len(), check_stamp)?;
             }
             // Each owner posted this round; nobody writes its window again
             // until every rank has posted the next round.

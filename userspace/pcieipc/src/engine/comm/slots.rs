@@ -13,6 +13,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::checksums::one_shot_check_word;
 use super::Communicator;
@@ -154,7 +155,12 @@ impl Communicator {
         // SAFETY: the peer wrote the stamp before publishing, and does not
         // touch the window until we are done with it.
         unsafe { std::ptr::copy_nonoverlapping(start, stamp.as_mut_ptr(), stamp.len()) };
-        stamp[3] &= u64::from(u32::MAX);
+        // The low half is the chunk size, or on a one-shot window (whose
+        // calls move no chunks) the round.
+        stamp[3] = match window {
+            Window::OneShot { .. } => 0,
+            _ => stamp[3] & u64::from(u32::MAX),
+        };
         Ok(self.check_stamp(peer, stamp)?.chunk_bytes)
     }
 
@@ -288,24 +294,54 @@ impl Communicator {
     /// with the current call, and posts the round. Every peer finished
     /// reading the window two rounds ago (they posted the round after it,
     /// which they only do once done), so it is ours until we post.
+    ///
+    /// The stamp's last word, stored last with release ordering, carries
+    /// the round in its low half (one-shot calls move no chunks): a peer
+    /// polling it (`one_shot_round_word`) finds the round and, for small
+    /// messages, the data in the same cache line, one transfer between
+    /// cores where the posted counter would cost a second.
     pub(crate) fn post_one_shot<T: Copy>(&mut self, parity: usize, data: &[T]) {
         let window = Window::OneShot { parity };
         let bytes = std::mem::size_of_val(data);
+        let round = self.one_shot_rounds.wrapping_add(1);
         let check_word = if self.checksums.is_some() {
             // SAFETY: `data` is `bytes` of plain elements.
             let raw = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bytes) };
-            let round = self.one_shot_rounds.wrapping_add(1);
             one_shot_check_word(round, raw)
         } else {
             0
         };
-        self.write_stamp(window, check_word);
+        let mut stamp = self.stamp();
+        debug_assert_eq!(stamp[3], 0, "one-shot and direct calls have no chunk size");
+        stamp[3] = check_word | u64::from(round);
+        let start = self.transport.window(self.rank, window).cast::<u64>();
+        // SAFETY: the stamp fills the first MESSAGE_HEADER_BYTES of a page
+        // aligned window that is ours until we post; its last word is
+        // written below, atomically.
+        unsafe { std::ptr::copy_nonoverlapping(stamp.as_ptr(), start, 3) };
         let mut outgoing = Outgoing::<T> {
             data: data_of(self.transport.window(self.rank, window)),
             len: data.len(),
         };
         outgoing.copy_from_slice(data);
+        self.one_shot_round_word(self.rank, parity)
+            .store(stamp[3], Ordering::Release);
         self.post_round();
+    }
+
+    /// The last word of `owner`'s one-shot window stamp of `parity`: its
+    /// low half is the round the window holds, stored after everything else
+    /// the window holds (release).
+    pub(crate) fn one_shot_round_word(&self, owner: usize, parity: usize) -> &AtomicU64 {
+        let start = self
+            .transport
+            .window(owner, Window::OneShot { parity })
+            .cast::<u64>();
+        // SAFETY: the window is page aligned and starts with the four-word
+        // stamp; the mapping lives as long as the transport (and so `self`);
+        // the word is only accessed atomically once windows are in use
+        // (its owner's plain writes happen before it first posts).
+        unsafe { AtomicU64::from_ptr(start.add(3)) }
     }
 
     /// Takes `owner`'s one-shot window of `parity` for this round, `len`

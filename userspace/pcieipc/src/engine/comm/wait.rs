@@ -2,6 +2,7 @@
 //! failures, dead or departed peers, mismatched calls and the timeout are
 //! checked, so a wait always ends, and a failed one names the rank at fault.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Communicator;
@@ -31,6 +32,44 @@ impl Communicator {
 
     pub(crate) fn predecessor(&self) -> usize {
         (self.rank + self.nranks - 1) % self.nranks
+    }
+
+    /// Waits until `owner` has posted `round` of its one-shot window of
+    /// `parity`: polls the window's own round word (the data's cache line
+    /// for small messages) for the spin, then waits on the posted counter
+    /// as `wait_for` does.
+    pub(crate) fn wait_for_one_shot(
+        &self,
+        owner: usize,
+        parity: usize,
+        round: u32,
+    ) -> Result<(), EngineError> {
+        if self.trace.is_some() {
+            // Traced, the wait is recorded as every other is.
+            return self.wait_for(owner, owner, Signal::OneShotPosted, round);
+        }
+        let word = self.one_shot_round_word(owner, parity);
+        let posted = || word.load(Ordering::Acquire) as u32 == round;
+        let started = Instant::now();
+        let yield_after = match self.options.bind_cpu {
+            Some(_) => self.options.spin,
+            None => EAGER_SPIN,
+        };
+        loop {
+            if posted() {
+                return Ok(());
+            }
+            let spun = started.elapsed();
+            if spun >= self.options.spin {
+                break;
+            }
+            if spun < yield_after {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        self.wait_after_first_load(owner, owner, Signal::OneShotPosted, round, started)
     }
 
     /// Posts this rank's next round on its one-shot counter.
