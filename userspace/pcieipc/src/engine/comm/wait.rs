@@ -49,27 +49,41 @@ impl Communicator {
             return self.wait_for(owner, owner, Signal::OneShotPosted, round);
         }
         let word = self.one_shot_round_word(owner, parity);
-        let posted = || word.load(Ordering::Acquire) as u32 == round;
         let started = Instant::now();
+        if self.spin_until(started, || word.load(Ordering::Acquire) as u32 == round) {
+            return Ok(());
+        }
+        self.sleep_until(owner, owner, Signal::OneShotPosted, round, started)
+    }
+
+    /// Polls `done` until it holds (true) or `spin` has passed since
+    /// `started` (false), serving resends between polls. Back to back at
+    /// first (a peer on another core is usually about to post); an unbound
+    /// rank then yields between polls, since on an oversubscribed host its
+    /// peer may be queued on this very core; a bound rank's peer never is,
+    /// and yielding would only hand the core to an unrelated task for a
+    /// whole scheduler slice.
+    fn spin_until(&self, started: Instant, mut done: impl FnMut() -> bool) -> bool {
         let yield_after = match self.options.bind_cpu {
             Some(_) => self.options.spin,
             None => EAGER_SPIN,
         };
         loop {
-            if posted() {
-                return Ok(());
+            if done() {
+                return true;
             }
             let spun = started.elapsed();
             if spun >= self.options.spin {
-                break;
+                return false;
             }
             if spun < yield_after {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
+            // The peer we wait for may itself wait for a chunk of ours again.
+            self.serve_resends();
         }
-        self.wait_after_first_load(owner, owner, Signal::OneShotPosted, round, started)
     }
 
     /// Posts this rank's next round on its one-shot counter.
@@ -108,7 +122,13 @@ impl Communicator {
         }
         let started = Instant::now();
         let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
-        let outcome = self.wait_after_first_load(peer, owner, signal, target, started);
+        let transport = &*self.transport;
+        let outcome = if self.spin_until(started, || reached(transport.load(owner, signal), target))
+        {
+            Ok(())
+        } else {
+            self.sleep_until(peer, owner, signal, target, started)
+        };
         if let (Some(trace), Some(start)) = (&self.trace, traced_from) {
             trace.span(
                 "wait",
@@ -125,8 +145,10 @@ impl Communicator {
         outcome
     }
 
-    /// `wait_for` once its first load has not seen `target`.
-    fn wait_after_first_load(
+    /// The sleeping half of a wait whose spin (from `started`) is over:
+    /// futex sleeps in slices, between which failures, dead or departed
+    /// peers, mismatched calls and the timeout are checked.
+    fn sleep_until(
         &self,
         peer: usize,
         owner: usize,
@@ -137,32 +159,6 @@ impl Communicator {
         let reached = |value: u32| reached(value, target);
         let transport = &*self.transport;
         let mut value;
-        // Poll back to back (a peer on another core is usually about to
-        // post). An unbound rank then yields between polls, since on an
-        // oversubscribed host its peer may be queued on this very core; a
-        // bound rank's peer never is, and yielding would only hand the core
-        // to an unrelated task for a whole scheduler slice.
-        let yield_after = match self.options.bind_cpu {
-            Some(_) => self.options.spin,
-            None => EAGER_SPIN,
-        };
-        loop {
-            let spun = started.elapsed();
-            if spun >= self.options.spin {
-                break;
-            }
-            if spun < yield_after {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-            value = transport.load(owner, signal);
-            if reached(value) {
-                return Ok(());
-            }
-            // The peer we wait for may itself wait for a chunk of ours again.
-            self.serve_resends();
-        }
         // Still joining (init's agreements), a peer may be slow to arrive
         // without being stuck: it has the rendezvous's time, not a call's.
         let timeout = if self.joining {
