@@ -73,7 +73,7 @@ echo "# caches: L1d $(cache L1d); L2 $(cache L2); L3 $(cache L3)"
 echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
 [ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version)"
 
-# The baseline runs right after this tree's pcieipc in every round, with the
+# The baseline runs right after this tree's pcieipc (a second later) in every round, with the
 # same flags, so that both meet the same stretch of the host's noise.
 # The 8-byte runs take a few milliseconds each, and the host flips every few
 # seconds between a state where both sides run at about 0.25 us and one
@@ -91,17 +91,36 @@ for run in $(seq "$LATENCY_REPEAT"); do
             >"$work/relay-8-$run.json"
     fi
 done
-for run in $(seq "$REPEAT"); do
+# A sweep's first rows are where a run that draws the host's slow state (a
+# whole process at a flat 1.4-1.6 GB/s from 64 KiB to 4 MiB, seen on an AMD
+# EPYC, more often right after a full OpenMPI sweep exited) shows it first. So
+# the host settles for a second before every sweep, and the sides take turns
+# going first: neither always runs right after the other.
+sweeps() {
+    local run=$1
+    sleep 1
     "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
         >"$work/pcieipc-$run.json"
     if [ -n "$BASELINE" ]; then
+        sleep 1
         "$BASELINE" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
             >"$work/baseline-$run.json"
     fi
-    mpi "$MIN_BYTES" "$MAX_BYTES" 2 "$ITERS" "$WARMUP" >"$work/mpi-$run.txt"
     if [ "$RELAY" = 1 ]; then
+        sleep 1
         "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 \
             --single-copy off --json >"$work/relay-$run.json"
+    fi
+}
+mpi_sweep() {
+    sleep 1
+    mpi "$MIN_BYTES" "$MAX_BYTES" 2 "$ITERS" "$WARMUP" >"$work/mpi-$1.txt"
+}
+for run in $(seq "$REPEAT"); do
+    if [ $((run % 2)) = 1 ]; then
+        sweeps "$run"; mpi_sweep "$run"
+    else
+        mpi_sweep "$run"; sweeps "$run"
     fi
 done
 
