@@ -273,10 +273,7 @@ impl Communicator {
             } else {
                 Stream::Relay
             };
-            let sent = match stream {
-                Stream::Raw => self.raw.sent,
-                Stream::Relay => self.relay.sent,
-            };
+            let sent = self.sent(stream);
             let message = sent.wrapping_sub(sent.wrapping_sub(wanted) & WANTED_MESSAGE);
             let slots = self.slots(stream);
             // Only a message the successor has not consumed is still in its
@@ -456,10 +453,7 @@ impl Communicator {
             return Ok(());
         }
         for stream in [Stream::Raw, Stream::Relay] {
-            let sent = match stream {
-                Stream::Raw => self.raw.sent,
-                Stream::Relay => self.relay.sent,
-            };
+            let sent = self.sent(stream);
             self.wait_for(self.successor(), self.rank, stream.signals().1, sent)?;
         }
         Ok(())

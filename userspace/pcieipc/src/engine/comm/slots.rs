@@ -124,6 +124,14 @@ impl Communicator {
         }
     }
 
+    /// Messages this rank has posted on `stream`.
+    pub(crate) fn sent(&self, stream: Stream) -> u32 {
+        match stream {
+            Stream::Raw => self.raw.sent,
+            Stream::Relay => self.relay.sent,
+        }
+    }
+
     pub(crate) fn slots(&self, stream: Stream) -> u32 {
         let sizes = self.transport.sizes();
         match stream {
