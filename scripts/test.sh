@@ -89,17 +89,30 @@ LIST
 # Progress, one line as each step starts and one as it ends, on stderr:
 #   test [K/N] start: NAME (elapsed S s)
 #   test [K/N] passed: NAME (took T s, elapsed S s)      (or failed:)
-# with S the seconds since the run began.
-passed=0; failed=0; failures=()
+# with S the seconds since the run began. Each step's output also goes to
+# build/test-logs/K.log, and a failed step's evidence is repeated at the end:
+# CI keeps only the tail of a run, where the cause would otherwise be lost.
+step_logs="$REPO_ROOT/build/test-logs"
+rm -rf "$step_logs"; mkdir -p "$step_logs"
+passed=0; failed=0; failures=(); failure_logs=()
 for k in "${!step_names[@]}"; do
     name="${step_names[k]}"; counter="[$((k + 1))/${#step_names[@]}]"
+    step_log="$step_logs/$((k + 1)).log"
     began=$(date +%s)
     log "test $counter start: $name (elapsed $((began - start)) s)"
-    if eval "${step_commands[k]}"; then
+    # The step runs in this shell (the build's `source` must stay), its
+    # output copied to the log by a tee. The tee ends when the last writer
+    # closes, which a process the step left behind may never do, so it is
+    # waited for a few seconds at most.
+    exec {step_out}> >(tee "$step_log")
+    tee_pid=$!
+    if eval "${step_commands[k]}" >&"$step_out" 2>&1; then
         passed=$((passed + 1)); result=passed
     else
-        failed=$((failed + 1)); failures+=("$name"); result=failed
+        failed=$((failed + 1)); failures+=("$name"); failure_logs+=("$step_log"); result=failed
     fi
+    exec {step_out}>&-
+    for _ in {1..50}; do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
     now=$(date +%s)
     log "test $counter $result: $name (took $((now - began)) s, elapsed $((now - start)) s)"
     # Nothing else can run without the build.
@@ -109,6 +122,15 @@ done
 echo
 echo "GPU tests: NOT RUN (they need a GPU and are not part of this command: run 'make test-gpu' on a GPU machine, see README)."
 echo "elapsed: $(( $(date +%s) - start )) s"
+for k in "${!failures[@]}"; do
+    echo
+    echo "==== failed: ${failures[k]} (whole output: ${failure_logs[k]})"
+    echo "---- its failure lines:"
+    grep -E "panicked|FAILED|^failures:|^---- |error(\[|:)|[Ff]ailed|assert" "${failure_logs[k]}" | tail -n 30 || true
+    echo "---- its last lines:"
+    tail -n 30 "${failure_logs[k]}"
+done
+echo
 for f in "${failures[@]}"; do echo "failed: $f"; done
 echo "steps: $passed passed, $failed failed"
 [ "$failed" = 0 ]

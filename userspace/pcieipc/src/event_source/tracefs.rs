@@ -202,10 +202,12 @@ mod tests {
 
     #[test]
     fn missing_tracefs_is_named() {
-        let root = scratch("missing").join("not-mounted");
+        let dir = scratch("missing");
+        let root = dir.join("not-mounted");
         let err = TraceSession::open(&root, "x").err().unwrap();
         assert!(matches!(err, SourceError::TracefsMissing { ref path, .. } if *path == root));
         assert!(err.to_string().contains("mount -t tracefs"));
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
