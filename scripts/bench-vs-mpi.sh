@@ -4,11 +4,12 @@
 #
 #   1. 8-byte latency, both;
 #   2. busbw from 64 KiB to 256 MiB, float sum, out of place and in place, side
-#      by side: each side run REPEAT times, alternately (a shared 2-core host is
-#      noisy, and alternating gives both the same noise), the median compared,
-#      and the best printed beside it (a best can come from a rare fast window:
-#      the host sometimes places the two vCPUs so that they share a core's
-#      caches, which no run controls);
+#      by side: each size of each side run REPEAT times, the sides alternating
+#      size by size (a shared 2-core host is noisy, and alternating gives both
+#      the same noise), the median compared, and the best printed beside it,
+#      with the host's cross-core copy rate measured beside each size
+#      (bench/cross_core.c: where the hypervisor puts the two vCPUs changes it
+#      several-fold, and no run controls that);
 #   3. the CPU time rank 0 uses while waiting LATE_MS for a late peer: pcieipc
 #      as configured (bounded spin, then futex sleep), pcieipc forced to spin
 #      the whole wait, and MPI (which polls).
@@ -91,41 +92,43 @@ for run in $(seq "$LATENCY_REPEAT"); do
             >"$work/relay-8-$run.json"
     fi
 done
-# A sweep's first rows are where a run that draws the host's slow state (a
-# whole process at a flat 1.4-1.6 GB/s from 64 KiB to 4 MiB, seen on an AMD
-# EPYC, more often right after a full OpenMPI sweep exited) shows it first. So
-# the host settles for a second before every sweep, and the sides take turns
-# going first: neither always runs right after the other.
-sweeps() {
-    local run=$1
-    sleep 1
-    "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
-        >"$work/pcieipc-$run.json"
-    if [ -n "$BASELINE" ]; then
-        sleep 1
-        "$BASELINE" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 --json \
-            >"$work/baseline-$run.json"
-    fi
-    if [ "$RELAY" = 1 ]; then
-        sleep 1
-        "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 \
-            --single-copy off --json >"$work/relay-$run.json"
-    fi
+# The busbw runs alternate per size, not per sweep: on a VM the host moves
+# the two vCPUs now and then, and the rate at which two cores can copy to each
+# other changes with it for seconds to minutes (bench/cross_core.c, the same
+# hand-off in plain C, has read 5.7 GB/s, then 1.5, then 0.8 in one run). A
+# whole sweep of one side could fall in one state and the other side's in
+# another; one size of each, back to back, fall in the same one. The sides
+# take turns going first, and the host's rate is measured beside each pair
+# (bench/cross_core.c for 0.2 s) and printed in the table.
+cross_core="$target_dir/release/cross_core"
+gcc -O2 -o "$cross_core" bench/cross_core.c
+sizes=()
+for ((size = MIN_BYTES; size <= MAX_BYTES; size *= 2)); do sizes+=("$size"); done
+ours_at() { # NAME BINARY SIZE RUN [FLAGS...]: one size of one pcieipc side
+    local name=$1 binary=$2 size=$3 run=$4
+    shift 4
+    "$binary" bench -b "$size" -e "$size" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 "$@" --json \
+        >"$work/$name-$run.$size.json"
 }
-mpi_sweep() {
-    sleep 1
-    mpi "$MIN_BYTES" "$MAX_BYTES" 2 "$ITERS" "$WARMUP" >"$work/mpi-$1.txt"
+ours_sides() { # SIZE RUN
+    ours_at pcieipc "$pcieipc" "$1" "$2"
+    [ -z "$BASELINE" ] || ours_at baseline "$BASELINE" "$1" "$2"
+    [ "$RELAY" != 1 ] || ours_at relay "$pcieipc" "$1" "$2" --single-copy off
 }
 for run in $(seq "$REPEAT"); do
-    if [ $((run % 2)) = 1 ]; then
-        sweeps "$run"; mpi_sweep "$run"
-    else
-        mpi_sweep "$run"; sweeps "$run"
-    fi
+    for k in "${!sizes[@]}"; do
+        size=${sizes[k]}
+        echo "$size $("$cross_core" 0.2)" >>"$work/host-$run.txt"
+        if [ $(((run + k) % 2)) = 1 ]; then
+            ours_sides "$size" "$run"; mpi "$size" "$size" 2 "$ITERS" "$WARMUP" >>"$work/mpi-$run.txt"
+        else
+            mpi "$size" "$size" 2 "$ITERS" "$WARMUP" >>"$work/mpi-$run.txt"; ours_sides "$size" "$run"
+        fi
+    done
 done
 
 python3 - "$work" "$REPEAT" "$RELAY" "$BASELINE" "$LATENCY_REPEAT" <<'EOF'
-import json, statistics, sys
+import glob, json, statistics, sys
 work, repeat, relay, baseline = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] != ""
 latency_repeat = int(sys.argv[5])
 # The paths each binary's reports name, apart: a baseline that took another
@@ -143,16 +146,18 @@ except ImportError:
 def pcieipc(name, binary="pcieipc", runs_made=None):
     runs = {}
     for run in range(1, (runs_made or repeat) + 1):
-        report = json.load(open(f"{work}/{name}-{run}.json"))
-        if jsonschema:
-            jsonschema.validate(report, schema)
-        paths[binary].add(report.get("path", report["transport"]))
-        if report["wrong"]:
-            sys.exit(f"{binary} bench reported {report['wrong']} wrong values")
-        for row in report["results"]:
-            oop, ip = row["out_of_place"], row["in_place"]
-            runs.setdefault(row["size_bytes"], []).append(
-                (oop["time_us"], oop["busbw_gb_s"], ip["time_us"], ip["busbw_gb_s"]))
+        # A latency run's one report, or a busbw run's report per size.
+        for file in glob.glob(f"{work}/{name}-{run}.json") + glob.glob(f"{work}/{name}-{run}.*.json"):
+            report = json.load(open(file))
+            if jsonschema:
+                jsonschema.validate(report, schema)
+            paths[binary].add(report.get("path", report["transport"]))
+            if report["wrong"]:
+                sys.exit(f"{binary} bench reported {report['wrong']} wrong values")
+            for row in report["results"]:
+                oop, ip = row["out_of_place"], row["in_place"]
+                runs.setdefault(row["size_bytes"], []).append(
+                    (oop["time_us"], oop["busbw_gb_s"], ip["time_us"], ip["busbw_gb_s"]))
     return runs
 
 def mpi(name, runs_made=None):
@@ -172,13 +177,22 @@ def median(runs, at):
 def best(runs, at):
     return (min if at in (0, 2) else max)(run[at] for run in runs)
 
+# The host's cross-core copy rate beside each size (bench/cross_core.c), per size.
+host = {}
+for run in range(1, repeat + 1):
+    for line in open(f"{work}/host-{run}.txt"):
+        size, rate = line.split()
+        host.setdefault(int(size), []).append(float(rate))
+
 # Columns as wide as their labels (pcieipc, MPI or baseline), so that a table
-# without the baseline reads as it always has.
+# without the baseline reads as it always has. The last column: the host's
+# cross-core copy rate measured beside that size's runs, median (lowest-highest).
 def table(ours, theirs, title, labels=("pcieipc", "MPI")):
     w_ours, w_theirs = len(labels[0]) + 6, len(labels[1]) + 6
     print(f"\n# {title}")
     print(f"#{'size':>11} {labels[0] + ' oop':>{w_ours}} {labels[1] + ' oop':>{w_theirs}} {'ratio':>6} "
-          f"{labels[0] + ' ip':>{w_ours - 1}} {labels[1] + ' ip':>{w_theirs}} {'ratio':>6}   | best: oop ratio  ip ratio")
+          f"{labels[0] + ' ip':>{w_ours - 1}} {labels[1] + ' ip':>{w_theirs}} {'ratio':>6}   | best: oop ratio  ip ratio"
+          f" | host GB/s")
     worst = worst_best = None
     for size in sorted(ours):
         o, m = ours[size], theirs.get(size)
@@ -188,8 +202,11 @@ def table(ours, theirs, title, labels=("pcieipc", "MPI")):
         b_oop, b_ip = best(o, 1) / best(m, 1), best(o, 3) / best(m, 3)
         worst = min(worst or r_oop, r_oop, r_ip)
         worst_best = min(worst_best or b_oop, b_oop, b_ip)
+        rates = host.get(size, [])
+        rate = f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})" if rates else "-"
         print(f"{size:>12} {median(o, 1):>{w_ours}.2f} {median(m, 1):>{w_theirs}.2f} {r_oop:>6.2f} "
-              f"{median(o, 3):>{w_ours - 1}.2f} {median(m, 3):>{w_theirs}.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}")
+              f"{median(o, 3):>{w_ours - 1}.2f} {median(m, 3):>{w_theirs}.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}"
+              f" | {rate}")
     print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
     return worst
 
@@ -215,7 +232,7 @@ behind = [f"8 B {kind}: {median(ours8[8], at):.2f} us against {median(theirs8[8]
 theirs = mpi("mpi")
 ours = pcieipc("pcieipc")
 worst = table(ours, theirs,
-              f"busbw (GB/s), float sum, 2 ranks, median of {repeat} alternating runs; ratio = pcieipc / MPI")
+              f"busbw (GB/s), float sum, 2 ranks, median of {repeat} runs alternating per size; ratio = pcieipc / MPI")
 if worst < 1.0:
     behind.append(f"busbw: lowest median ratio {worst:.2f}")
 if baseline:

@@ -160,7 +160,7 @@ fn unreadable_peer_buffer_is_reported_at_once() {
                 Err(error @ EngineError::PeerMemoryUnreadable { rank: 0, owner: OWNER, errno }) => {
                     assert_eq!(errno, libc::EFAULT, "rank {}: {error}", role.rank);
                     assert!(
-                        started.elapsed() < Duration::from_secs(5),
+                        started.elapsed() < peer_timeout / 2,
                         "rank {}: reported after {:?}",
                         role.rank,
                         started.elapsed()
@@ -203,7 +203,7 @@ fn expect_never_joined(role: &Role, missing: usize) {
     // up connecting at theirs.
     let elapsed = started.elapsed();
     assert!(
-        elapsed < join_timeout + Duration::from_secs(2),
+        elapsed < join_timeout + Duration::from_secs(5),
         "gave up after {elapsed:?}"
     );
 }
@@ -236,7 +236,9 @@ fn rank_that_stops_calling_is_named_after_the_timeout() {
         LIMIT,
         |role| {
             const SLEEPER: usize = 2;
-            let peer_timeout = Duration::from_millis(300);
+            // Long enough that a healthy rank descheduled on a busy 2-CPU
+            // machine (three ranks and another test's share it) is not it.
+            let peer_timeout = Duration::from_secs(1);
             let mut comm = Communicator::init(
                 &role.rendezvous,
                 role.rank,

@@ -53,7 +53,9 @@ impl ChromeDriver {
             });
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
+            // Bounds on a hang, not on speed: on a busy 2-CPU machine starting
+            // Chromium alone has taken tens of seconds.
+            .timeout_global(Some(Duration::from_secs(120)))
             .build()
             .into();
         let driver = ChromeDriver {
@@ -62,7 +64,7 @@ impl ChromeDriver {
             chromium,
             agent,
         };
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ready = driver
                 .agent
@@ -76,7 +78,7 @@ impl ChromeDriver {
             }
             assert!(
                 Instant::now() < deadline,
-                "chromedriver did not answer on port {port} within 15 s"
+                "chromedriver did not answer on port {port} within 60 s"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
