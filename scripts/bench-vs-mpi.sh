@@ -14,7 +14,10 @@
 #      as configured (bounded spin, then futex sleep), pcieipc forced to spin
 #      the whole wait, and MPI (which polls).
 #
-# Usage: scripts/bench-vs-mpi.sh            (REPEAT=5 ITERS=20 LATE_MS=500 by default;
+# Usage: scripts/bench-vs-mpi.sh            (REPEAT=5 ITERS=20 WARMUP=5 TIMED_BYTES=256 MiB
+#                                           LATE_MS=500 by default: each size is timed over
+#                                           max(ITERS, TIMED_BYTES / size) calls after a tenth
+#                                           as many, at least WARMUP, untimed;
 #                                           LATENCY_REPEAT=3*REPEAT 8-byte alternations)
 #        RELAY=1 scripts/bench-vs-mpi.sh    also runs pcieipc with --single-copy off (the
 #                                           ring and its relay slots only), alternating with
@@ -37,6 +40,7 @@ REPEAT=${REPEAT:-5}
 LATENCY_REPEAT=${LATENCY_REPEAT:-$((REPEAT * 3))}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
+TIMED_BYTES=${TIMED_BYTES:-268435456}
 LATE_MS=${LATE_MS:-500}
 RELAY=${RELAY:-0}
 BASELINE=${BASELINE:-}
@@ -102,13 +106,21 @@ done
 # (bench/cross_core.c for 0.2 s) and printed in the table.
 cross_core="$target_dir/release/cross_core"
 gcc -O2 -o "$cross_core" bench/cross_core.c
+# Every size is timed over at least TIMED_BYTES: 20 calls of 128 KiB take
+# about 0.4 ms, and one time slice the hypervisor takes from a vCPU (1 ms or
+# more) in that window cut a run's busbw to a quarter, at random, on either side.
 sizes=()
 for ((size = MIN_BYTES; size <= MAX_BYTES; size *= 2)); do sizes+=("$size"); done
+iters_for() { local n=$((TIMED_BYTES / $1)); echo $((n > ITERS ? n : ITERS)); }
+warmup_for() { local n=$(($(iters_for "$1") / 10)); echo $((n > WARMUP ? n : WARMUP)); }
 ours_at() { # NAME BINARY SIZE RUN [FLAGS...]: one size of one pcieipc side
     local name=$1 binary=$2 size=$3 run=$4
     shift 4
-    "$binary" bench -b "$size" -e "$size" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 --nranks 2 "$@" --json \
-        >"$work/$name-$run.$size.json"
+    "$binary" bench -b "$size" -e "$size" -f 2 -n "$(iters_for "$size")" -w "$(warmup_for "$size")" -c 1 \
+        --nranks 2 "$@" --json >"$work/$name-$run.$size.json"
+}
+mpi_at() { # SIZE RUN
+    mpi "$1" "$1" 2 "$(iters_for "$1")" "$(warmup_for "$1")" >>"$work/mpi-$2.txt"
 }
 ours_sides() { # SIZE RUN
     ours_at pcieipc "$pcieipc" "$1" "$2"
@@ -120,9 +132,9 @@ for run in $(seq "$REPEAT"); do
         size=${sizes[k]}
         echo "$size $("$cross_core" 0.2)" >>"$work/host-$run.txt"
         if [ $(((run + k) % 2)) = 1 ]; then
-            ours_sides "$size" "$run"; mpi "$size" "$size" 2 "$ITERS" "$WARMUP" >>"$work/mpi-$run.txt"
+            ours_sides "$size" "$run"; mpi_at "$size" "$run"
         else
-            mpi "$size" "$size" 2 "$ITERS" "$WARMUP" >>"$work/mpi-$run.txt"; ours_sides "$size" "$run"
+            mpi_at "$size" "$run"; ours_sides "$size" "$run"
         fi
     done
 done
