@@ -2,15 +2,32 @@
 //! status 2, and starts no VM.
 
 use std::{
+    ops::Deref,
     path::{Path, PathBuf},
     process::Command,
 };
 
-fn workdir(name: &str) -> PathBuf {
+/// A test's scratch directory, removed when the test ends (passed or not).
+struct Workdir(PathBuf);
+
+impl Deref for Workdir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn workdir(name: &str) -> Workdir {
     let dir =
         std::env::temp_dir().join(format!("pcieipc-testbed-bad-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Workdir(dir)
 }
 
 /// Runs `pcieipc-testbed run` with a kernel file that exists (never booted:

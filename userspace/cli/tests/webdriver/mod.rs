@@ -25,9 +25,12 @@ fn on_path(program: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{program} not found on PATH: {INSTALL}"))
 }
 
-/// A chromedriver process on a free local port; killed on drop.
+/// A chromedriver process on a free local port; killed on drop, with the
+/// temporary directory it and its Chromium ran with (Chromium leaves its
+/// profile's scoped directories behind when it is stopped).
 pub struct ChromeDriver {
     process: Child,
+    scratch: PathBuf,
     base_url: String,
     chromium: PathBuf,
     agent: ureq::Agent,
@@ -43,8 +46,11 @@ impl ChromeDriver {
             .and_then(|listener| listener.local_addr())
             .expect("a free local port")
             .port();
+        let scratch = std::env::temp_dir().join(format!("pcieipc-chromium-{port}"));
+        std::fs::create_dir_all(&scratch).expect("a scratch directory for Chromium");
         let process = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
+            .env("TMPDIR", &scratch)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -60,6 +66,7 @@ impl ChromeDriver {
             .into();
         let driver = ChromeDriver {
             process,
+            scratch,
             base_url: format!("http://127.0.0.1:{port}"),
             chromium,
             agent,
@@ -145,6 +152,7 @@ impl Drop for ChromeDriver {
         // Nothing is left to do if it already exited.
         let _ = self.process.kill();
         let _ = self.process.wait();
+        let _ = std::fs::remove_dir_all(&self.scratch);
     }
 }
 
