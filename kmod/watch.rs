@@ -16,6 +16,13 @@ use crate::{delayed_work, events::EventLog, link, pci_function::PciFunction, uap
 pub(crate) const MIN_PERIOD_MS: u32 = 10;
 pub(crate) const MAX_PERIOD_MS: u32 = 60_000;
 
+/// The queue a watch's periodic check runs on: short periodic housekeeping,
+/// which is what the power-efficient queue is for. (`workqueue::system`'s
+/// `system_wq` is marked deprecated in 7.3, and queueing on it warns.)
+fn queue() -> &'static workqueue::Queue {
+    workqueue::system_power_efficient()
+}
+
 struct Seen {
     link: uapi::pcieipc_link_status,
     gone: bool,
@@ -64,7 +71,7 @@ impl Watch {
             }),
             GFP_KERNEL,
         )?;
-        let _ = workqueue::system().enqueue_delayed(watch.clone(), msecs_to_jiffies(period_ms));
+        let _ = queue().enqueue_delayed(watch.clone(), msecs_to_jiffies(period_ms));
         Ok(watch)
     }
 
@@ -142,7 +149,7 @@ impl WorkItem for Watch {
         if !*stopped {
             let period = msecs_to_jiffies(this.period_ms);
             // Queued under the lock `stop` takes (queueing does not sleep).
-            let _ = workqueue::system().enqueue_delayed(this.clone(), period);
+            let _ = queue().enqueue_delayed(this.clone(), period);
         }
     }
 }
