@@ -3,8 +3,8 @@
  * reading what the other wrote and writing its own, as a 2-rank one-shot
  * all_reduce does. scripts/bench-vs-mpi.sh runs it beside every size so that
  * a table can say what the host gave both sides at the time: on a VM the same
- * loop has read 5.7 GB/s for seconds, then 1.5 or 0.8 for tens of seconds,
- * as the hypervisor moved the two vCPUs (no run controls that).
+ * loop has read 5.4-6.9 GB/s for 13 s, then 26 for a second, then 1.6, as
+ * the hypervisor moved the two vCPUs (no run controls that).
  *
  *   cross_core SECONDS      prints the rate in GB/s: the bytes the two read from each other per second
  */

@@ -78,7 +78,7 @@ echo "# caches: L1d $(cache L1d); L2 $(cache L2); L3 $(cache L3)"
 echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
 [ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version)"
 
-# The baseline runs right after this tree's pcieipc (a second later) in every round, with the
+# The baseline runs right after this tree's pcieipc in every round, with the
 # same flags, so that both meet the same stretch of the host's noise.
 # The 8-byte runs take a few milliseconds each, and the host flips every few
 # seconds between a state where both sides run at about 0.25 us and one
@@ -99,7 +99,7 @@ done
 # The busbw runs alternate per size, not per sweep: on a VM the host moves
 # the two vCPUs now and then, and the rate at which two cores can copy to each
 # other changes with it for seconds to minutes (bench/cross_core.c, the same
-# hand-off in plain C, has read 5.7 GB/s, then 1.5, then 0.8 in one run). A
+# hand-off in plain C, has read 5.4-6.9 GB/s, then 26, then 1.6 in 20 s). A
 # whole sweep of one side could fall in one state and the other side's in
 # another; one size of each, back to back, fall in the same one. The sides
 # take turns going first, and the host's rate is measured beside each pair
@@ -108,7 +108,7 @@ cross_core="$target_dir/release/cross_core"
 gcc -O2 -o "$cross_core" bench/cross_core.c
 # Every size is timed over at least TIMED_BYTES: 20 calls of 128 KiB take
 # about 0.4 ms, and one time slice the hypervisor takes from a vCPU (1 ms or
-# more) in that window cut a run's busbw to a quarter, at random, on either side.
+# more) in so short a window weighs more than the calls, on either side.
 sizes=()
 for ((size = MIN_BYTES; size <= MAX_BYTES; size *= 2)); do sizes+=("$size"); done
 iters_for() { local n=$((TIMED_BYTES / $1)); echo $((n > ITERS ? n : ITERS)); }

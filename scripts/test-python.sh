@@ -17,7 +17,7 @@ esac
 "$PYTHON" "$REPO_ROOT/python/tests/check_stubs.py" || die "python/pcieipc/_native.pyi does not match the module"
 # torch and torchrun leave files in the temporary directory (torchelastic_*,
 # tmp*/_remote_module_non_scriptable.py); they go with this run's own one.
-TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/pcieipc-python-tests.XXXXXX")"
+TMPDIR="$(mktemp -d)"
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
 cd "$REPO_ROOT/python"
