@@ -91,15 +91,21 @@ impl Collective for Communicator {
     fn describe(&self) -> String {
         let name = self.transport_name();
         let peer_reads = self.transport_capabilities().peer_reads;
-        match (peer_reads, self.single_copy()) {
+        let streaming = match self.streaming_stores_from() {
+            Some(bytes) => format!(
+                ", non-temporal slot fills from a {} working set",
+                size_name(bytes)
+            ),
+            None => String::new(),
+        };
+        let moves = match (peer_reads, self.single_copy()) {
             (true, true) => {
-                let size = |bytes: usize| match bytes {
-                    usize::MAX => "any size".to_owned(),
-                    _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
-                    _ => format!("{} KiB", bytes >> 10),
-                };
                 let sizes = |messages: std::ops::RangeInclusive<usize>| {
-                    format!("{} to {}", size(*messages.start()), size(*messages.end()))
+                    format!(
+                        "{} to {}",
+                        size_name(*messages.start()),
+                        size_name(*messages.end())
+                    )
                 };
                 let direct = self.direct_messages();
                 let direct = if direct.is_empty() {
@@ -117,7 +123,8 @@ impl Collective for Communicator {
                 format!("transport {name}, all-gather through relay slots (two copies)")
             }
             _ => format!("transport {name}"),
-        }
+        };
+        moves + &streaming
     }
 
     fn transport_name(&self) -> &'static str {
@@ -289,5 +296,15 @@ impl Collective for CudaCommunicator {
             .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
             .context("ending the CUDA graph capture")?
             .context("the capture recorded no graph")
+    }
+}
+
+/// A size as the bench header names it.
+fn size_name(bytes: usize) -> String {
+    match bytes {
+        usize::MAX => "any size".to_owned(),
+        _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
+        _ if bytes.is_multiple_of(1 << 10) => format!("{} KiB", bytes >> 10),
+        _ => format!("{bytes} B"),
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, Handoff, PeerRead, PeerToPeer};
 use pcieipc::engine::{
     bf16, f16, transport, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element,
-    JobSecret, LinkDevice, LinkFacts, ReduceOp, TransportOptions, SECRET_ENV,
+    JobSecret, LinkDevice, LinkFacts, ReduceOp, StreamingStores, TransportOptions, SECRET_ENV,
 };
 use pcieipc::probe::{Bdf, HealthModel, Topology};
 use pcieipc::trace::TRACE_ENV;
@@ -121,6 +121,12 @@ pub struct Args {
     /// the ring, copying twice through the relay slots.
     #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
     single_copy: String,
+    /// shm: the working set (every rank's input, and output when out of
+    /// place, together; K, M, G suffixes) from which the ring's first step
+    /// fills its slots with non-temporal stores; `auto`: the last-level
+    /// cache's size; `off`: never.
+    #[arg(long, value_name = "auto|off|BYTES", default_value = "auto", value_parser = parse_streaming_stores)]
+    streaming_stores: StreamingStores,
     /// With --transport cuda: how a reduce step reads the predecessor's
     /// chunk: `direct` (the kernel loads peer memory) or `copy-engine` (a
     /// copy into local memory first).
@@ -196,6 +202,13 @@ pub struct Args {
     /// The job's rendezvous name (with --rank).
     #[arg(long, requires = "rank")]
     rendezvous: Option<String>,
+}
+
+fn parse_streaming_stores(text: &str) -> Result<StreamingStores, String> {
+    match text {
+        "auto" | "off" => text.parse().map_err(|error| format!("{error}")),
+        bytes => parse_bytes(bytes).map(StreamingStores::From),
+    }
 }
 
 fn parse_bytes(text: &str) -> Result<usize, String> {
@@ -309,6 +322,7 @@ fn options(args: &Args, rank: usize) -> anyhow::Result<CommOptions> {
         one_shot_read_budget: args.one_shot_bytes.unwrap_or(defaults.one_shot_read_budget),
         spin: args.spin_us.map_or(defaults.spin, Duration::from_micros),
         single_copy: args.single_copy == "auto",
+        streaming_stores: args.streaming_stores,
         retrain_degraded: args.retrain_degraded,
         chunk_checksums: match args.chunk_checksums.as_str() {
             "on" => Some(true),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use engine_support::{run_ranks, Role};
 use pcieipc::engine::{
     bf16, f16, Algorithm, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, Element,
-    EngineError, ReduceOp,
+    EngineError, ReduceOp, StreamingStores,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -320,6 +320,51 @@ fn every_collective_dtype_and_op_on_7_ranks() {
         7,
         LIMIT,
         every_collective_small,
+    );
+}
+
+/// The ring with every raw slot filled by non-temporal stores (by default
+/// only where the ranks' data outgrows the cache): chunks of 1000 bytes, so
+/// the copies start and end off the stores' 32-byte alignment.
+fn streaming_slot_fills(role: Role) {
+    let n = role.nranks;
+    let options = CommOptions {
+        chunk_policy: ChunkPolicy::fixed(1000),
+        streaming_stores: StreamingStores::From(0),
+        algorithm: AlgorithmChoice::Fixed(Algorithm::Ring),
+        ..small_window_options()
+    };
+    let mut comm = Communicator::init(&role.rendezvous, role.rank, n, options).expect("init");
+    assert_eq!(comm.streaming_stores_from(), Some(0), "rank {}", role.rank);
+    check_every_dtype(
+        &mut comm,
+        &[0, 1, n - 1, n + 1, PRIME, 9973],
+        &ReduceOp::ALL,
+    );
+    for per_rank in [1, 7, 300, 4099] {
+        check_reduce_scatter::<f32>(&mut comm, per_rank, ReduceOp::Sum);
+        check_reduce_scatter::<u8>(&mut comm, per_rank, ReduceOp::Max);
+        check_all_gather::<f16>(&mut comm, per_rank);
+    }
+}
+
+#[test]
+fn streaming_slot_fills_are_exact_on_2_ranks() {
+    run_ranks(
+        "streaming_slot_fills_are_exact_on_2_ranks",
+        2,
+        LIMIT,
+        streaming_slot_fills,
+    );
+}
+
+#[test]
+fn streaming_slot_fills_are_exact_on_3_ranks() {
+    run_ranks(
+        "streaming_slot_fills_are_exact_on_3_ranks",
+        3,
+        LIMIT,
+        streaming_slot_fills,
     );
 }
 

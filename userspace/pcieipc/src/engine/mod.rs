@@ -8,11 +8,13 @@
 //! - `schedule`: which rank moves what at which step (pure).
 //! - `comm`: the communicator: joining, per-call agreement, waits, slots.
 //! - `collectives`: the host algorithms, steps from `schedule`.
+//! - `cache_bypass`: when and how the ring's slot fills skip the cache.
 //! - `fault_policy`: the AER → action matrix (pure).
 //! - `transport`: the trait, its capabilities, the registry and the
 //!   transports (shm, pcieipc).
 //! - `cuda`: the GPU backend, steps from `schedule`, control over `comm`.
 
+mod cache_bypass;
 mod checksum;
 mod chunk;
 mod collectives;
@@ -26,6 +28,7 @@ mod followed_device;
 pub mod schedule;
 pub mod transport;
 
+pub use cache_bypass::{BadStreamingStores, StreamingStores};
 pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, AER_MEMORY, HOST_MEMORY_STEPS};
 pub use comm::{
     CallDescriptor, CallKind, CommOptions, Communicator, DamageInjection, ResendRecord,

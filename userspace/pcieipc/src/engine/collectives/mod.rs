@@ -29,6 +29,17 @@ impl<T> Buffers<'_, T> {
         }
     }
 
+    /// The bytes the call reads and writes on this rank: its input, and its
+    /// output when that is other memory.
+    pub(crate) fn bytes_touched(&self) -> usize {
+        match self {
+            Buffers::InPlace(buffer) => std::mem::size_of_val(*buffer),
+            Buffers::OutOfPlace { input, output } => {
+                std::mem::size_of_val(*input) + std::mem::size_of_val(*output)
+            }
+        }
+    }
+
     pub(crate) fn output(&mut self) -> &mut [T] {
         match self {
             Buffers::InPlace(buffer) => buffer,

@@ -3,9 +3,11 @@
 //! slack per step. Where ranks may read each other's memory, a finished
 //! chunk is forwarded as its address in the sender's output, which the
 //! successor reads from there (one copy instead of two); partial sums
-//! always travel in the relay slots.
+//! always travel in the relay slots. Where the ranks' data outgrows the
+//! cache, the first step fills its slots past it (`cache_bypass`).
 
 use super::{Buffers, RingCall};
+use crate::engine::cache_bypass::copy_bypassing_cache;
 use crate::engine::comm::{CallDescriptor, Communicator, Stream};
 use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
@@ -53,6 +55,7 @@ impl Communicator {
         let predecessor = self.predecessor();
         let size = std::mem::size_of::<T>();
         let mut addresses_sent = false;
+        let streaming = buffers.bytes_touched().saturating_mul(n) >= self.streaming_from;
         for iteration in 0..ring.iterations(chunks, lag) {
             if iteration < chunks {
                 let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
@@ -63,7 +66,11 @@ impl Communicator {
                 );
                 let bytes = range.len() * std::mem::size_of::<T>();
                 let mut slot = self.send_slot::<T>(Stream::Raw, range.len())?;
-                slot.copy_from_slice(&buffers.input()[range]);
+                if streaming {
+                    copy_bypassing_cache(&mut slot, &buffers.input()[range]);
+                } else {
+                    slot.copy_from_slice(&buffers.input()[range]);
+                }
                 self.post(Stream::Raw, slot);
                 self.trace_step("send", traced_from, 0, iteration, bytes);
             }

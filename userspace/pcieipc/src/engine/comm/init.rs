@@ -97,6 +97,10 @@ impl Communicator {
         if options.damage.is_some() && checksums.is_none() {
             return Err(EngineError::DamageWithoutChecksums { rank });
         }
+        let streaming_from = options.streaming_stores.working_set_threshold(
+            transport.capabilities().device_memory,
+            std::path::Path::new("/"),
+        );
         let mut communicator = Communicator {
             transport,
             rank,
@@ -118,6 +122,7 @@ impl Communicator {
             trace: trace_file.map(|file| Recorder::new(rank, file)),
             init_time: Duration::ZERO,
             single_copy: false,
+            streaming_from,
             joining: true,
             followed,
             checksums,

@@ -68,6 +68,10 @@ pub struct Communicator {
     /// (the ring's all-gather for messages in `options.single_copy_messages`,
     /// and the direct algorithm): agreed by all ranks at init.
     pub(crate) single_copy: bool,
+    /// The working set in bytes from which the ring's raw slots are filled
+    /// with non-temporal stores (`usize::MAX`: never), resolved at init from
+    /// `options.streaming_stores`.
+    pub(crate) streaming_from: usize,
     /// Whether `init` is still agreeing with the peers: waits then last up
     /// to `join_timeout`, not `peer_timeout`.
     pub(crate) joining: bool,
@@ -131,6 +135,13 @@ impl Communicator {
     /// reports the same.
     pub fn single_copy(&self) -> bool {
         self.single_copy
+    }
+
+    /// The working set in bytes (every rank's input, and output when out of
+    /// place, together) from which this rank's ring fills its raw slots with
+    /// non-temporal stores; `None`: never (`CommOptions::streaming_stores`).
+    pub fn streaming_stores_from(&self) -> Option<usize> {
+        (self.streaming_from != usize::MAX).then_some(self.streaming_from)
     }
 
     /// The message sizes (bytes of the whole buffer) that take the

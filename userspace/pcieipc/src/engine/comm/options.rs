@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::engine::cache_bypass::StreamingStores;
 use crate::engine::chunk::{ChunkPolicy, LinkFacts};
 use crate::engine::schedule::AlgorithmChoice;
 use crate::engine::transport::{JobSecret, TransportOptions};
@@ -76,6 +77,11 @@ pub struct CommOptions {
     /// an Intel Xeon and 11–39% behind it on an AMD EPYC (docs/engine.md), so
     /// the ring serves both. Agreed at init like `single_copy_messages`.
     pub direct_messages: std::ops::RangeInclusive<usize>,
+    /// When the ring's first step fills its slots with non-temporal stores:
+    /// from a working set (every rank's input, and output when out of place,
+    /// together) the cache cannot keep until the successor reads it. A
+    /// rank's own choice: its peers read the slots the same either way.
+    pub streaming_stores: StreamingStores,
     /// Bytes of each rank's backend area in the segment (0: none; rank 0's
     /// value is used): memory the engine leaves to a backend layered on the
     /// communicator ([`backend_area`](crate::engine::Communicator::backend_area)).
@@ -120,6 +126,7 @@ impl Default for CommOptions {
             single_copy: true,
             single_copy_messages: (2 << 20)..=(16 << 20),
             direct_messages: DIRECT_NEVER,
+            streaming_stores: StreamingStores::Auto,
             backend_bytes: 0,
             trace: None,
             retrain_degraded: false,
