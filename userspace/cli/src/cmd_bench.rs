@@ -3,6 +3,7 @@
 //! them; with `--rank` it is one rank of such a job. Rank 0 prints the table (or
 //! the JSON of docs/schemas/bench-v1.schema.json).
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -283,10 +284,23 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let mut exit = ExitCode::SUCCESS;
     let mut failed = false;
-    for (rank, mut child) in children {
+    for index in 0..children.len() {
+        let (rank, child) = &mut children[index];
         let status = child
             .wait()
             .with_context(|| format!("waiting for rank {rank}"))?;
+        if status.signal() == Some(nix::sys::signal::Signal::SIGPIPE as i32) {
+            // The table's reader went away (`| head`): the ranks still
+            // running have nothing left to report to; end them and go
+            // quietly, as the rank that printed did.
+            for (_, other) in &mut children[index + 1..] {
+                let _ = other.kill();
+                let _ = other.wait();
+            }
+            return Ok(ExitCode::from(
+                128 + nix::sys::signal::Signal::SIGPIPE as u8,
+            ));
+        }
         if !status.success() && !failed {
             failed = true;
             crate::eprint_line(&format!("pcieipc bench: rank {rank} {status}"));

@@ -43,6 +43,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    end_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Probe(args) => cmd_probe::run(args),
@@ -59,6 +60,18 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Rust starts programs with SIGPIPE ignored, so output into a closed pipe
+/// (`pcieipc probe | head -3`) made `println!` panic with a backtrace. A
+/// command-line filter ends quietly there instead, killed by the signal, as
+/// the shell expects.
+fn end_quietly_on_closed_stdout() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: the default disposition installs no handler of ours, so
+    // nothing can run in a signal context; this runs first in `main`,
+    // before any thread starts.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
 /// Writes `line` and a newline to stderr in one write: the ranks of a bench
