@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use engine_support::{run_ranks, spawn_ranks, wait_ranks};
 use pcieipc::engine::{
     Algorithm, AlgorithmChoice, Carrier, ChunkPolicy, CommOptions, Communicator, Corruption,
-    DamageInjection, EngineError, ReduceOp,
+    DamageInjection, EngineError, ReduceOp, SizeStep,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -271,4 +271,131 @@ fn damage_option_parses() {
     for bad in ["", "x2", "3x0", "3x", "-1", "3x99999999999"] {
         assert!(bad.parse::<DamageInjection>().is_err(), "{bad:?}");
     }
+}
+
+/// A ring call in 1 MiB chunks cycles through 2 raw slots, one in 1 KiB
+/// chunks and a broadcast through all 5: calls that change the cycle,
+/// back to back, with rank 0's second chunk damaged (with checksums) so a
+/// resend is served from the 2-slot cycle. Every result exact.
+fn raw_slot_cycles_change_between_calls(role: engine_support::Role, checksums: bool) {
+    let host_memory = [
+        SizeStep {
+            up_to_bytes: 64 << 10,
+            chunk_bytes: 1 << 10,
+        },
+        SizeStep {
+            up_to_bytes: usize::MAX,
+            chunk_bytes: 1 << 20,
+        },
+        SizeStep {
+            up_to_bytes: usize::MAX,
+            chunk_bytes: 1 << 20,
+        },
+    ];
+    let damage = (checksums && role.rank == 0).then_some(DamageInjection {
+        chunk: 1,
+        writes: 1,
+    });
+    let options = CommOptions {
+        chunk_checksums: Some(checksums),
+        chunk_policy: ChunkPolicy {
+            host_memory,
+            ..ChunkPolicy::default()
+        },
+        damage,
+        ..options(None)
+    };
+    let (n, r) = (role.nranks, role.rank);
+    let mut comm = Communicator::init(&role.rendezvous, r, n, options).expect("init");
+    let (large, small) = (3 << 17, 2000);
+    for round in 0..2 {
+        for len in [large, small, large] {
+            let what = format!("round {round}, {len} elements, rank {r}");
+            let mine = input(r, len);
+            let sum = sum_of_inputs(n, len);
+            let mut output = vec![0i64; len];
+            comm.all_reduce(&mine, &mut output, ReduceOp::Sum)
+                .expect(&what);
+            assert_eq!(output, sum, "all_reduce, {what}");
+            let mut buffer = mine.clone();
+            comm.broadcast(&mut buffer, round % n).expect(&what);
+            assert_eq!(buffer, input(round % n, len), "broadcast, {what}");
+            let mut share = vec![0i64; len / n];
+            comm.reduce_scatter(&mine[..len / n * n], &mut share, ReduceOp::Sum)
+                .expect(&what);
+            assert_eq!(
+                share,
+                sum[r * (len / n)..(r + 1) * (len / n)],
+                "reduce_scatter, {what}"
+            );
+            let mut gathered = vec![0i64; len * n];
+            comm.all_gather(&mine, &mut gathered).expect(&what);
+            for rank in 0..n {
+                assert_eq!(
+                    gathered[rank * len..(rank + 1) * len],
+                    input(rank, len),
+                    "all_gather, rank {rank}'s part, {what}"
+                );
+            }
+            let chunk = comm.last_call().expect("a call").chunk_bytes;
+            let expected = if len == large { 1 << 20 } else { 1 << 10 };
+            assert_eq!(chunk, expected, "{what}");
+        }
+    }
+    let resends = comm.resends().len();
+    assert_eq!(resends, usize::from(checksums && r == 1), "rank {r}");
+}
+
+#[test]
+fn raw_slot_cycle_changes_are_exact_on_2_ranks() {
+    run_ranks(
+        "raw_slot_cycle_changes_are_exact_on_2_ranks",
+        2,
+        LIMIT,
+        |role| raw_slot_cycles_change_between_calls(role, false),
+    );
+}
+
+#[test]
+fn raw_slot_cycle_changes_are_exact_with_resends_on_3_ranks() {
+    run_ranks(
+        "raw_slot_cycle_changes_are_exact_with_resends_on_3_ranks",
+        3,
+        LIMIT,
+        |role| raw_slot_cycles_change_between_calls(role, true),
+    );
+}
+
+/// Rank 0 broadcasts six 1 MiB chunks through all 5 raw slots (the sixth
+/// lands in slot 0 again) and goes on to a ring call on 2 slots while rank 1,
+/// late, is still reading the broadcast: the ring's first chunk must not
+/// overwrite the sixth before rank 1 has read it.
+#[test]
+fn a_smaller_raw_slot_cycle_waits_for_a_late_receiver() {
+    run_ranks(
+        "a_smaller_raw_slot_cycle_waits_for_a_late_receiver",
+        2,
+        LIMIT,
+        |role| {
+            let r = role.rank;
+            let options = CommOptions {
+                chunk_checksums: Some(false),
+                chunk_policy: ChunkPolicy::fixed(1 << 20),
+                ..options(None)
+            };
+            let mut comm = Communicator::init(&role.rendezvous, r, 2, options).expect("init");
+            let len = 6 << 17;
+            let mut buffer = input(r, len);
+            if r == 1 {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            comm.broadcast(&mut buffer, 0).expect("broadcast");
+            assert_eq!(buffer, input(0, len), "broadcast on rank {r}");
+            let mine = input(r, len);
+            let mut output = vec![0i64; len];
+            comm.all_reduce(&mine, &mut output, ReduceOp::Sum)
+                .expect("all_reduce");
+            assert_eq!(output, sum_of_inputs(2, len), "all_reduce on rank {r}");
+        },
+    );
 }

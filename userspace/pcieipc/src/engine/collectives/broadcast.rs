@@ -19,6 +19,7 @@ impl Communicator {
             root,
         };
         let is_root = chain.position(self.rank) == 0;
+        self.use_raw_slots_for_broadcast()?;
         let chunk_bytes = if is_root {
             call.chunk_bytes
         } else {

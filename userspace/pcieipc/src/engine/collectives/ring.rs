@@ -48,7 +48,8 @@ impl Communicator {
         }
         let chunk_elements = (call.chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
         let chunks = ring.chunks(chunk_elements);
-        let lag = self.options.in_flight;
+        // Each step runs as many chunks ahead as the call's raw slots allow.
+        let lag = self.use_raw_slots_for_ring(call.chunk_bytes)? - 1;
         let message_bytes = ring.message_elements() * std::mem::size_of::<T>();
         let single_copy =
             self.single_copy && self.options.single_copy_messages.contains(&message_bytes);

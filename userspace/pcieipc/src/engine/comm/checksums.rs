@@ -280,14 +280,12 @@ impl Communicator {
             // slot and shadow; a request for another gets no write, and the
             // receiver's next read fails its checksum again.
             let consumed = self.transport.load(self.rank, stream.signals().1);
-            let slot = message.wrapping_sub(1) % slots;
+            let slot = self.sent_slot(stream, message.wrapping_sub(1));
             let unconsumed =
                 (message.wrapping_sub(consumed) as i32) > 0 && sent.wrapping_sub(message) < slots;
-            if unconsumed && checks.shadows[stream.index()][slot as usize].message == message {
-                let window = self
-                    .transport
-                    .window(self.rank, stream.window(slot as usize));
-                self.write_shadow(stream, slot as usize, window);
+            if unconsumed && checks.shadows[stream.index()][slot].message == message {
+                let window = self.transport.window(self.rank, stream.window(slot));
+                self.write_shadow(stream, slot, window);
             }
             checks.served.set(checks.served.get().wrapping_add(1));
             self.transport

@@ -30,11 +30,28 @@ use super::schedule::{self, Algorithm, AlgorithmChoice, Limits};
 use super::transport::Transport;
 use crate::trace::Recorder;
 
-/// A rank's counts of the messages it sent and received on one stream.
-#[derive(Default)]
+/// A rank's counts of the messages it sent and received on one stream, and
+/// which of the stream's slots they cycle through: the first `in_use`,
+/// counted from the message numbers at which that count took effect.
 pub(crate) struct StreamCounts {
     pub(crate) sent: u32,
     pub(crate) received: u32,
+    pub(crate) sent_base: u32,
+    pub(crate) received_base: u32,
+    pub(crate) in_use: u32,
+}
+
+impl StreamCounts {
+    /// A stream of `slots` slots, all in use.
+    pub(crate) fn new(slots: usize) -> StreamCounts {
+        StreamCounts {
+            sent: 0,
+            received: 0,
+            sent_base: 0,
+            received_base: 0,
+            in_use: slots as u32,
+        }
+    }
 }
 
 pub struct Communicator {

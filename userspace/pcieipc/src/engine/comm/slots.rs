@@ -27,6 +27,18 @@ use crate::engine::transport::{Signal, Window};
 /// messages stamp and data share a cache line, one transfer between cores.
 pub(crate) const MESSAGE_HEADER_BYTES: usize = 32;
 
+/// The most bytes of raw slots one ring call cycles through. A call whose
+/// chunks are large takes fewer slots than the stream has (at least 2) and
+/// runs that many fewer chunks ahead: the chunks it hands over are read while
+/// still in the cache, and the calls after it do not walk through every
+/// slot's memory. On the 2-vCPU AMD EPYC, 2 ranks, two slots of 1 MiB
+/// against five were 9–57% ahead at 2–8 MiB and level elsewhere, while five
+/// slots of 256 KiB against two were 25–40% ahead at 256 KiB, where calls
+/// are short and the slack between calls counts (docs/engine.md). A
+/// constant, so that every rank counts the same slots from the call's
+/// agreed chunk.
+const RAW_SLOTS_BYTES: usize = 2 << 20;
+
 /// The two streams a rank sends to its successor and receives from its
 /// predecessor.
 #[derive(Clone, Copy)]
@@ -132,12 +144,68 @@ impl Communicator {
         }
     }
 
+    /// The slots `stream`'s messages cycle through now.
     pub(crate) fn slots(&self, stream: Stream) -> u32 {
-        let sizes = self.transport.sizes();
         match stream {
-            Stream::Raw => sizes.raw_slots as u32,
-            Stream::Relay => sizes.relay_slots as u32,
+            Stream::Raw => self.raw.in_use,
+            Stream::Relay => self.relay.in_use,
         }
+    }
+
+    /// The slot of this rank's `sent`-th message on `stream` (from 0).
+    pub(crate) fn sent_slot(&self, stream: Stream, sent: u32) -> usize {
+        let counts = match stream {
+            Stream::Raw => &self.raw,
+            Stream::Relay => &self.relay,
+        };
+        (sent.wrapping_sub(counts.sent_base) % counts.in_use) as usize
+    }
+
+    /// The slot of the predecessor's `received`-th message on `stream`.
+    fn received_slot(&self, stream: Stream, received: u32) -> usize {
+        let counts = match stream {
+            Stream::Raw => &self.raw,
+            Stream::Relay => &self.relay,
+        };
+        (received.wrapping_sub(counts.received_base) % counts.in_use) as usize
+    }
+
+    /// Starts a ring call in chunks of `chunk_bytes` on the raw slots it
+    /// cycles through, as many as `RAW_SLOTS_BYTES` holds (at least 2, at
+    /// most the stream's), and returns how many.
+    pub(crate) fn use_raw_slots_for_ring(
+        &mut self,
+        chunk_bytes: u32,
+    ) -> Result<usize, EngineError> {
+        let all = self.transport.sizes().raw_slots;
+        let slots = (RAW_SLOTS_BYTES / (chunk_bytes as usize).max(1)).clamp(2.min(all), all);
+        self.use_raw_slots(slots as u32)?;
+        Ok(slots)
+    }
+
+    /// Starts a broadcast on every raw slot: ranks other than the root learn
+    /// the chunk only from the first message, so its slot cannot depend on it.
+    pub(crate) fn use_raw_slots_for_broadcast(&mut self) -> Result<(), EngineError> {
+        self.use_raw_slots(self.transport.sizes().raw_slots as u32)
+    }
+
+    /// Makes the raw stream cycle through its first `slots` slots from this
+    /// call on. Every rank makes the same change at the same call, at its
+    /// start: a change first waits until the successor has consumed every
+    /// raw message this rank sent (it does so in the call that carried
+    /// them, which this rank has finished), and this rank has consumed
+    /// every one from its predecessor, so both sides count the new cycle
+    /// from the same message.
+    fn use_raw_slots(&mut self, slots: u32) -> Result<(), EngineError> {
+        if slots == self.raw.in_use {
+            return Ok(());
+        }
+        let sent = self.raw.sent;
+        self.wait_for(self.successor(), self.rank, Signal::RawConsumed, sent)?;
+        self.raw.sent_base = sent;
+        self.raw.received_base = self.raw.received;
+        self.raw.in_use = slots;
+        Ok(())
     }
 
     /// Writes the current call's stamp at the start of a window of ours
@@ -204,7 +272,7 @@ impl Communicator {
             consumed,
             sent.wrapping_add(1).wrapping_sub(slots),
         )?;
-        let slot = (sent % slots) as usize;
+        let slot = self.sent_slot(stream, sent);
         let data = if self.checksums.is_some() {
             self.shadow_slot(stream, slot, len * std::mem::size_of::<T>())
                 .cast()
@@ -218,7 +286,7 @@ impl Communicator {
     /// hands it to the successor.
     pub(crate) fn post<T>(&mut self, stream: Stream, filled: Outgoing<T>) {
         let sent = self.counts(stream).sent;
-        let slot = (sent % self.slots(stream)) as usize;
+        let slot = self.sent_slot(stream, sent);
         let check_word = if self.checksums.is_some() {
             let bytes = filled.len * std::mem::size_of::<T>();
             self.post_shadow(stream, slot, sent.wrapping_add(1), bytes)
@@ -249,7 +317,7 @@ impl Communicator {
         let received = self.counts(stream).received;
         let (posted, _) = stream.signals();
         self.wait_for(predecessor, predecessor, posted, received.wrapping_add(1))?;
-        Ok(stream.window((received % self.slots(stream)) as usize))
+        Ok(stream.window(self.received_slot(stream, received)))
     }
 
     /// Waits for the predecessor's next message on `stream` and returns it
