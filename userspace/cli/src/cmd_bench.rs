@@ -207,7 +207,8 @@ pub struct Args {
 
 fn parse_streaming_stores(text: &str) -> Result<StreamingStores, String> {
     match text {
-        "auto" | "off" => text.parse().map_err(|error| format!("{error}")),
+        "auto" => Ok(StreamingStores::Auto),
+        "off" => Ok(StreamingStores::Off),
         bytes => parse_bytes(bytes).map(StreamingStores::From),
     }
 }
@@ -870,4 +871,25 @@ fn sweep<C: Collective, T: BenchElement>(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_stores_parse_auto_off_and_sizes() {
+        assert_eq!(parse_streaming_stores("auto"), Ok(StreamingStores::Auto));
+        assert_eq!(parse_streaming_stores("off"), Ok(StreamingStores::Off));
+        assert_eq!(
+            parse_streaming_stores("16777216"),
+            Ok(StreamingStores::From(16 << 20))
+        );
+        assert_eq!(
+            parse_streaming_stores("32M"),
+            Ok(StreamingStores::From(32 << 20))
+        );
+        assert!(parse_streaming_stores("sometimes").is_err());
+        assert!(parse_streaming_stores("99999999999999999999G").is_err());
+    }
 }

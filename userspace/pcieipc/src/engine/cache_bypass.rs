@@ -12,12 +12,11 @@
 //! the cache, and plain stores are the faster. Measured on the 2-vCPU AMD
 //! EPYC (32 MiB L3), 2 ranks (docs/engine.md): non-temporal slot fills were
 //! 20–25% behind at 1–2 MiB messages, within the host's noise at 4–16 MiB,
-//! and 12–35% ahead from 32 MiB up; the default threshold, a working set
+//! and 3–40% ahead from 32 MiB up; the default threshold, a working set
 //! the size of the last-level cache, takes them from 8 MiB out of place and
 //! 16 MiB in place there.
 
 use std::path::Path;
-use std::str::FromStr;
 
 use super::dtype::Element;
 
@@ -33,25 +32,6 @@ pub enum StreamingStores {
     Off,
     /// From a working set of this many bytes (0: always).
     From(usize),
-}
-
-/// Not `auto`, `off` or a byte count.
-#[derive(Debug, thiserror::Error)]
-#[error("streaming stores {0:?}: not auto, off or a working set in bytes")]
-pub struct BadStreamingStores(pub String);
-
-impl FromStr for StreamingStores {
-    type Err = BadStreamingStores;
-    fn from_str(text: &str) -> Result<StreamingStores, BadStreamingStores> {
-        match text {
-            "auto" => Ok(StreamingStores::Auto),
-            "off" => Ok(StreamingStores::Off),
-            bytes => bytes
-                .parse()
-                .map(StreamingStores::From)
-                .map_err(|_| BadStreamingStores(text.to_owned())),
-        }
-    }
 }
 
 impl StreamingStores {
@@ -70,7 +50,7 @@ impl StreamingStores {
 
 /// The size of cpu0's last-level data (or unified) cache, from sysfs under
 /// `sysfs_root`: `None` where the host reports no cache there.
-pub(crate) fn last_level_cache_bytes(sysfs_root: &Path) -> Option<usize> {
+fn last_level_cache_bytes(sysfs_root: &Path) -> Option<usize> {
     let caches = sysfs_root.join("sys/devices/system/cpu/cpu0/cache");
     let read = |index: &Path, file: &str| std::fs::read_to_string(index.join(file)).ok();
     std::fs::read_dir(caches)
@@ -249,22 +229,5 @@ mod tests {
         let none = CacheTree::new("none", &[]);
         assert_eq!(last_level_cache_bytes(&none.0), None);
         assert_eq!(auto.working_set_threshold(false, &none.0), usize::MAX);
-    }
-
-    #[test]
-    fn parses_auto_off_and_bytes() {
-        assert_eq!(
-            "auto".parse::<StreamingStores>().unwrap(),
-            StreamingStores::Auto
-        );
-        assert_eq!(
-            "off".parse::<StreamingStores>().unwrap(),
-            StreamingStores::Off
-        );
-        assert_eq!(
-            "16777216".parse::<StreamingStores>().unwrap(),
-            StreamingStores::From(16 << 20)
-        );
-        assert!("sometimes".parse::<StreamingStores>().is_err());
     }
 }

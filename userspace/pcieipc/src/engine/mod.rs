@@ -28,7 +28,7 @@ mod followed_device;
 pub mod schedule;
 pub mod transport;
 
-pub use cache_bypass::{BadStreamingStores, StreamingStores};
+pub use cache_bypass::StreamingStores;
 pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, AER_MEMORY, HOST_MEMORY_STEPS};
 pub use comm::{
     CallDescriptor, CallKind, CommOptions, Communicator, DamageInjection, ResendRecord,

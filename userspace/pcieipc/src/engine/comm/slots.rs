@@ -136,37 +136,32 @@ impl Communicator {
         }
     }
 
+    fn counts_of(&self, stream: Stream) -> &super::StreamCounts {
+        match stream {
+            Stream::Raw => &self.raw,
+            Stream::Relay => &self.relay,
+        }
+    }
+
     /// Messages this rank has posted on `stream`.
     pub(crate) fn sent(&self, stream: Stream) -> u32 {
-        match stream {
-            Stream::Raw => self.raw.sent,
-            Stream::Relay => self.relay.sent,
-        }
+        self.counts_of(stream).sent
     }
 
     /// The slots `stream`'s messages cycle through now.
     pub(crate) fn slots(&self, stream: Stream) -> u32 {
-        match stream {
-            Stream::Raw => self.raw.in_use,
-            Stream::Relay => self.relay.in_use,
-        }
+        self.counts_of(stream).in_use
     }
 
     /// The slot of this rank's `sent`-th message on `stream` (from 0).
     pub(crate) fn sent_slot(&self, stream: Stream, sent: u32) -> usize {
-        let counts = match stream {
-            Stream::Raw => &self.raw,
-            Stream::Relay => &self.relay,
-        };
+        let counts = self.counts_of(stream);
         (sent.wrapping_sub(counts.sent_base) % counts.in_use) as usize
     }
 
     /// The slot of the predecessor's `received`-th message on `stream`.
     fn received_slot(&self, stream: Stream, received: u32) -> usize {
-        let counts = match stream {
-            Stream::Raw => &self.raw,
-            Stream::Relay => &self.relay,
-        };
+        let counts = self.counts_of(stream);
         (received.wrapping_sub(counts.received_base) % counts.in_use) as usize
     }
 
@@ -178,7 +173,9 @@ impl Communicator {
         chunk_bytes: u32,
     ) -> Result<usize, EngineError> {
         let all = self.transport.sizes().raw_slots;
-        let slots = (RAW_SLOTS_BYTES / (chunk_bytes as usize).max(1)).clamp(2.min(all), all);
+        let slots = (RAW_SLOTS_BYTES / (chunk_bytes as usize).max(1))
+            .max(2)
+            .min(all);
         self.use_raw_slots(slots as u32)?;
         Ok(slots)
     }
