@@ -29,10 +29,16 @@
 #                                           others, and prints it beside this tree's pcieipc:
 #                                           a before/after from one run, with the same noise
 #        MIN_BYTES=65536 MAX_BYTES=268435456 the busbw sweep's range (a short trial run)
+#        PCIEIPC=path/to/pcieipc scripts/bench-vs-mpi.sh
+#                                           runs that prebuilt pcieipc instead of building
+#                                           this tree, for a machine without cargo (the GPU
+#                                           hosts: scripts/test-gpu.sh build puts one in its
+#                                           folder)
 # The header names the CPU and its caches. Exits non-zero when pcieipc's median
 # is behind MPI's anywhere: 8-byte latency (in or out of place) or busbw at any
 # size of the sweep.
-# Needs: cargo, mpicc, mpirun (apt-get install openmpi-bin libopenmpi-dev).
+# Needs: cargo (unless PCIEIPC is given), mpicc, gcc, mpirun
+# (apt-get install openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,19 +52,31 @@ RELAY=${RELAY:-0}
 BASELINE=${BASELINE:-}
 MIN_BYTES=${MIN_BYTES:-65536}
 MAX_BYTES=${MAX_BYTES:-268435456}
+PCIEIPC=${PCIEIPC:-}
 
-for tool in cargo mpicc mpirun python3; do
+tools=(mpicc gcc mpirun python3)
+[ -n "$PCIEIPC" ] || tools+=(cargo)
+for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { echo "bench-vs-mpi: $tool is missing (see the header)" >&2; exit 1; }
 done
-if [ -n "$BASELINE" ] && [ ! -x "$BASELINE" ]; then
-    echo "bench-vs-mpi: BASELINE=$BASELINE is not an executable pcieipc binary" >&2
-    exit 1
-fi
+for binary in BASELINE PCIEIPC; do
+    if [ -n "${!binary}" ] && [ ! -x "${!binary}" ]; then
+        echo "bench-vs-mpi: $binary=${!binary} is not an executable pcieipc binary" >&2
+        exit 1
+    fi
+done
 
-cargo build --release -q -p pcieipc-cli
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-pcieipc="$target_dir/release/pcieipc"
-mpi_bench="$target_dir/release/mpi_allreduce"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+if [ -n "$PCIEIPC" ]; then
+    pcieipc=$PCIEIPC
+else
+    cargo build --release -q -p pcieipc-cli
+    target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    pcieipc="$target_dir/release/pcieipc"
+fi
+mpi_bench="$work/mpi_allreduce"
 mpicc -O2 -o "$mpi_bench" bench/mpi_allreduce.c
 
 # Running as root needs OpenMPI's explicit consent; vader is its shared-memory
@@ -68,12 +86,13 @@ mpi() {
         mpirun --oversubscribe -np 2 --mca btl self,vader "$mpi_bench" "$@"
 }
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
 # The CPU decides the result (its caches above all): name it and its caches.
 cache() { lscpu -C=NAME,ONE-SIZE,ALL-SIZE 2>/dev/null | awk -v level="$1" '$1 == level { print $2 " each, " $3 " in all" }'; }
-echo "# host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+# A VM's model name can be as bare as "AMD EPYC": family, model and stepping
+# name the part, and whether a hypervisor sits between it and the run.
+cpuinfo() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'; }
+virtual=$(grep -qw hypervisor /proc/cpuinfo && echo ", under a hypervisor" || true)
+echo "# host: $(nproc) CPUs, $(cpuinfo 'model name') (family $(cpuinfo 'cpu family') model $(cpuinfo model) stepping $(cpuinfo stepping))$virtual, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# caches: L1d $(cache L1d); L2 $(cache L2); L3 $(cache L3)"
 echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
 [ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version)"
@@ -104,7 +123,7 @@ done
 # another; one size of each, back to back, fall in the same one. The sides
 # take turns going first, and the host's rate is measured beside each pair
 # (bench/cross_core.c for 0.2 s) and printed in the table.
-cross_core="$target_dir/release/cross_core"
+cross_core="$work/cross_core"
 gcc -O2 -o "$cross_core" bench/cross_core.c
 # Every size is timed over at least TIMED_BYTES: 20 calls of 128 KiB take
 # about 0.4 ms, and one time slice the hypervisor takes from a vCPU (1 ms or
