@@ -480,6 +480,15 @@ fn single_copy_chosen(role: Role) {
         "rank {}: the default options send no size direct",
         role.rank
     );
+    // One-shot while a rank reads at most 16 KiB of its peers: from 32 KiB
+    // on 2 ranks the ring measured ahead (docs/engine.md, Choice).
+    let one_shot_most = (16 << 10) / (n - 1);
+    assert_eq!(
+        [one_shot_most, one_shot_most + 1, 32 << 10].map(|count| comm.algorithm_for::<u8>(count)),
+        [Algorithm::OneShot, Algorithm::Ring, Algorithm::Ring],
+        "rank {}: {one_shot_most} bytes, one more, 32 KiB",
+        role.rank
+    );
     drop(comm);
     let mut comm = Communicator::init(
         &format!("{}-direct", role.rendezvous),

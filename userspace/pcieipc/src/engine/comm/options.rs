@@ -50,7 +50,12 @@ pub struct CommOptions {
     pub in_flight: usize,
     pub algorithm: AlgorithmChoice,
     /// The most bytes a rank reads from its peers on the one-shot path:
-    /// all_reduce of `bytes` goes one-shot while bytes·(N−1) fits.
+    /// all_reduce of `bytes` goes one-shot while bytes·(N−1) fits. 16 KiB by
+    /// default: on 2 ranks the ring was level with one-shot at 4–16 KiB on
+    /// both an Intel Xeon and an AMD EPYC, ahead from 32 KiB on the Xeon and
+    /// from 64 KiB on the EPYC (64 KiB: 5.8 against 4.7 GB/s, 6.1 against
+    /// 5.4), and it kept most of its rate right after a large job freed its
+    /// memory, where one-shot fell by half (docs/engine.md, Choice).
     pub one_shot_read_budget: usize,
     /// Binds the calling thread to this CPU at init, as MPI launchers bind
     /// ranks to cores: two ranks time-sharing one core turn every wait into a
@@ -121,7 +126,7 @@ impl Default for CommOptions {
             link_device: None,
             in_flight: 4,
             algorithm: AlgorithmChoice::Auto,
-            one_shot_read_budget: 64 << 10,
+            one_shot_read_budget: 16 << 10,
             bind_cpu: None,
             single_copy: true,
             single_copy_messages: (2 << 20)..=(16 << 20),
