@@ -51,11 +51,8 @@ pub struct CommOptions {
     pub algorithm: AlgorithmChoice,
     /// The most bytes a rank reads from its peers on the one-shot path:
     /// all_reduce of `bytes` goes one-shot while bytes·(N−1) fits. 16 KiB by
-    /// default: on 2 ranks the ring was level with one-shot at 4–16 KiB on
-    /// both an Intel Xeon and an AMD EPYC, ahead from 32 KiB on the Xeon and
-    /// from 64 KiB on the EPYC (64 KiB: 5.8 against 4.7 GB/s, 6.1 against
-    /// 5.4), and it kept most of its rate right after a large job freed its
-    /// memory, where one-shot fell by half (docs/engine.md, Choice).
+    /// default: above it the ring measured level or ahead on both an Intel
+    /// Xeon and an AMD EPYC (docs/engine.md, Choice).
     pub one_shot_read_budget: usize,
     /// Binds the calling thread to this CPU at init, as MPI launchers bind
     /// ranks to cores: two ranks time-sharing one core turn every wait into a
