@@ -701,3 +701,92 @@ fn single_rank_is_a_copy() {
     refused(comm.all_gather(&input, &mut short), "all_gather", 2, 3);
     assert_eq!(short, [7.0f32; 2]);
 }
+
+/// Where the ranks of `test` started by this process (or, in a rank, by
+/// its parent) write their traces.
+fn trace_prefix(test: &str, test_process: u32) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("pcieipc-{test}-{test_process}"))
+}
+
+/// With the default options, 128 ring all_reduce calls of 64 KiB: every
+/// result exact, whichever way the slots were filled, and the calls' fills
+/// as rank 0 decided them (engine/slot_fill.rs).
+fn slot_fills(role: Role, test: &str) {
+    let options = CommOptions {
+        trace: Some(trace_prefix(test, std::os::unix::process::parent_id())),
+        ..CommOptions::default()
+    };
+    let mut comm =
+        Communicator::init(&role.rendezvous, role.rank, role.nranks, options).expect("init");
+    assert!(
+        comm.streaming_stores_from().is_some(),
+        "rank {}: no last-level cache in sysfs, so no slot-fill choice to test",
+        role.rank
+    );
+    comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
+    for _ in 0..64 {
+        check_all_reduce::<f32>(&mut comm, &[16 << 10], &[ReduceOp::Sum]);
+    }
+}
+
+/// Each call's slot fill from rank `rank`'s trace, in call order.
+fn fills_traced(prefix: &std::path::Path, rank: usize) -> Vec<String> {
+    let file = format!("{}.rank{rank}.json", prefix.display());
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    std::fs::remove_file(&file).expect("remove the trace");
+    let trace: serde_json::Value = serde_json::from_str(&text).expect("trace JSON");
+    let mut calls: Vec<(i64, String)> = trace["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|event| event["cat"] == "call" && event["name"] == "all_reduce")
+        .map(|event| {
+            let args = &event["args"];
+            let fill = args["slot_fill"]
+                .as_str()
+                .expect("a ring call names its fill");
+            (
+                args["call"].as_i64().expect("call number"),
+                fill.to_string(),
+            )
+        })
+        .collect();
+    calls.sort();
+    calls.into_iter().map(|(_, fill)| fill).collect()
+}
+
+fn check_slot_fills(test: &str, nranks: usize) {
+    run_ranks(test, nranks, LIMIT, |role| slot_fills(role, test));
+    if engine_support::role().is_some() {
+        return;
+    }
+    let prefix = trace_prefix(test, std::process::id());
+    let fills: Vec<Vec<String>> = (0..nranks)
+        .map(|rank| fills_traced(&prefix, rank))
+        .collect();
+    assert_eq!(fills[0].len(), 128);
+    for (rank, theirs) in fills.iter().enumerate().skip(1) {
+        assert_eq!(
+            theirs, &fills[0],
+            "rank {rank} filled its slots unlike rank 0"
+        );
+    }
+    // Calls 63 and 127 probe the fill not kept: unlike the call before.
+    for probe in [63, 127] {
+        assert_ne!(fills[0][probe], fills[0][probe - 1], "call {probe}");
+    }
+    assert!(fills[0]
+        .iter()
+        .all(|fill| fill == "cached" || fill == "bypass"));
+    assert!(fills[0].iter().filter(|fill| *fill == "bypass").count() >= 2);
+}
+
+#[test]
+fn slot_fills_are_probed_and_agreed_on_2_ranks() {
+    check_slot_fills("slot_fills_are_probed_and_agreed_on_2_ranks", 2);
+}
+
+#[test]
+fn slot_fills_are_probed_and_agreed_on_3_ranks() {
+    check_slot_fills("slot_fills_are_probed_and_agreed_on_3_ranks", 3);
+}

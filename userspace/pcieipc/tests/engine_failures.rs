@@ -431,6 +431,7 @@ fn call_descriptor_names_both_calls() {
         root: 0,
         algorithm: Algorithm::Ring,
         chunk_bytes: 262144,
+        bypass_slots: false,
     };
     assert_eq!(
         call.to_string(),

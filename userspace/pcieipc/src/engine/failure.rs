@@ -333,6 +333,7 @@ mod tests {
             root: 0,
             algorithm: Algorithm::Direct,
             chunk_bytes: 0,
+            bypass_slots: false,
         };
         let failures = [
             Failure::PeerDied { rank: 3, pid: 4242 },
@@ -345,7 +346,12 @@ mod tests {
                 rank: 0,
                 call,
                 peer: 5,
-                peer_call: CallDescriptor { count: 7, ..call },
+                peer_call: CallDescriptor {
+                    count: 7,
+                    chunk_bytes: 1 << 20,
+                    bypass_slots: true,
+                    ..call
+                },
             },
             Failure::PeerMemoryUnreadable {
                 rank: 0,

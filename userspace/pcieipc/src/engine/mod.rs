@@ -9,6 +9,7 @@
 //! - `comm`: the communicator: joining, per-call agreement, waits, slots.
 //! - `collectives`: the host algorithms, steps from `schedule`.
 //! - `cache_bypass`: when and how the ring's slot fills skip the cache.
+//! - `slot_fill`: below that, plain or non-temporal fills as calls measure.
 //! - `fault_policy`: the AER → action matrix (pure).
 //! - `transport`: the trait, its capabilities, the registry and the
 //!   transports (shm, pcieipc).
@@ -26,6 +27,7 @@ mod failure;
 pub mod fault_policy;
 mod followed_device;
 pub mod schedule;
+mod slot_fill;
 pub mod transport;
 
 pub use cache_bypass::StreamingStores;

@@ -12,6 +12,7 @@ use crate::engine::comm::{CallDescriptor, Communicator, Stream};
 use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::{clip, Ring, RingKind, StepRole};
+use crate::engine::slot_fill::SlotFill;
 use crate::engine::transport::Signal;
 use crate::trace::monotonic_ns;
 
@@ -56,7 +57,14 @@ impl Communicator {
         let predecessor = self.predecessor();
         let size = std::mem::size_of::<T>();
         let mut addresses_sent = false;
-        let streaming = buffers.bytes_touched().saturating_mul(n) >= self.streaming_from;
+        let fill = if buffers.bytes_touched().saturating_mul(n) >= self.streaming_from {
+            SlotFill::RawBypass
+        } else if call.bypass_slots {
+            SlotFill::Bypass
+        } else {
+            SlotFill::Cached
+        };
+        self.current_fill = Some(fill);
         for iteration in 0..ring.iterations(chunks, lag) {
             if iteration < chunks {
                 let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
@@ -67,7 +75,7 @@ impl Communicator {
                 );
                 let bytes = range.len() * std::mem::size_of::<T>();
                 let mut slot = self.send_slot::<T>(Stream::Raw, range.len())?;
-                if streaming {
+                if fill.raw_bypasses() {
                     copy_bypassing_cache(&mut slot, &buffers.input()[range]);
                 } else {
                     slot.copy_from_slice(&buffers.input()[range]);
@@ -140,7 +148,11 @@ impl Communicator {
                         addresses_sent = true;
                     } else if forward {
                         let mut slot = self.send_slot::<T>(Stream::Relay, len)?;
-                        slot.copy_from_slice(&buffers.output()[out_range]);
+                        if fill.relay_bypasses() {
+                            copy_bypassing_cache(&mut slot, &buffers.output()[out_range]);
+                        } else {
+                            slot.copy_from_slice(&buffers.output()[out_range]);
+                        }
                         self.post(Stream::Relay, slot);
                     }
                 }

@@ -13,9 +13,10 @@ use crate::engine::error::EngineError;
 use crate::engine::failure::{Corruption, Failure};
 use crate::engine::fault_policy::{self, Fault, FaultAction, FaultBits, FaultRecord, Recovery};
 use crate::engine::schedule::Algorithm;
+use crate::engine::slot_fill::{CallClass, SlotFill};
 use crate::engine::transport::Signal;
 use crate::probe::bdf::Bdf;
-use crate::trace::Arg;
+use crate::trace::{monotonic_ns, Arg};
 
 /// How often a rank whose transport follows a device link polls it: a
 /// non-blocking read, kept off the path of back-to-back small calls.
@@ -69,6 +70,7 @@ impl Communicator {
             root: root as u32,
             algorithm,
             chunk_bytes: 0,
+            bypass_slots: false,
         };
         // reduce_scatter's and all_gather's count is one rank's share.
         let message_bytes = match kind {
@@ -82,8 +84,11 @@ impl Communicator {
         if algorithm == Algorithm::Ring {
             if self.rank == decider {
                 call.chunk_bytes = self.decide_chunk(message_bytes, dtype.size_bytes());
+                if kind != CallKind::Broadcast {
+                    call.bypass_slots = self.decide_fill(kind, message_bytes);
+                }
             } else if kind != CallKind::Broadcast {
-                call.chunk_bytes = self.adopt_chunk(call, message_bytes)?;
+                (call.chunk_bytes, call.bypass_slots) = self.adopt_decision(call, message_bytes)?;
             }
         }
         self.transport.publish_call(self.calls, call);
@@ -97,22 +102,34 @@ impl Communicator {
     }
 
     pub(crate) fn end(&mut self, result: Result<(), EngineError>) -> Result<(), EngineError> {
+        let fill = self.current_fill.take();
+        let measured = self.measured_call.take();
+        if let (Some(chooser), Some((class, started)), Ok(())) =
+            (&mut self.fill_chooser, measured, &result)
+        {
+            // A call whose working set took the raw slots past the cache
+            // whatever was chosen says nothing about the choice.
+            if fill != Some(SlotFill::RawBypass) {
+                chooser.record(class, monotonic_ns().saturating_sub(started));
+            }
+        }
         if let (Some(trace), Some(call)) = (&self.trace, &self.current_call) {
             // The peers this call woke, at the times the stores woke them.
             for at in self.transport.take_wakes() {
                 trace.instant(self.transport.wake_name(), "wake", at, Vec::new());
             }
-            trace.end_call(
-                call.kind.name(),
-                vec![
-                    ("call", Arg::Int(self.calls as i64)),
-                    ("dtype", Arg::Text(call.dtype.name())),
-                    ("count", Arg::Int(call.count as i64)),
-                    ("algorithm", Arg::Text(call.algorithm.name())),
-                    ("chunk_bytes", Arg::Int(i64::from(call.chunk_bytes))),
-                    ("ok", Arg::Int(i64::from(result.is_ok()))),
-                ],
-            );
+            let mut args = vec![
+                ("call", Arg::Int(self.calls as i64)),
+                ("dtype", Arg::Text(call.dtype.name())),
+                ("count", Arg::Int(call.count as i64)),
+                ("algorithm", Arg::Text(call.algorithm.name())),
+                ("chunk_bytes", Arg::Int(i64::from(call.chunk_bytes))),
+                ("ok", Arg::Int(i64::from(result.is_ok()))),
+            ];
+            if let Some(fill) = fill {
+                args.push(("slot_fill", Arg::Text(fill.name())));
+            }
+            trace.end_call(call.kind.name(), args);
         }
         // With checksums, what this rank sent may be asked for again until
         // its successor has consumed it.
@@ -260,22 +277,41 @@ impl Communicator {
         (wished / element_bytes * element_bytes) as u32
     }
 
-    /// Waits for rank 0 to publish this call and returns the chunk size it
-    /// decided; a different call there is a mismatch.
-    fn adopt_chunk(
+    /// Whether a ring call of `kind` and `message_bytes` fills its slots
+    /// past the cache (below the streaming threshold): what this rank's
+    /// measurements keep, or the probe they are due (`slot_fill`). The
+    /// call's time reaches them in `end`.
+    fn decide_fill(&mut self, kind: CallKind, message_bytes: usize) -> bool {
+        let Some(chooser) = &self.fill_chooser else {
+            return false;
+        };
+        let class = CallClass::new(kind, message_bytes);
+        self.measured_call = Some((class, monotonic_ns()));
+        chooser.choose(class) == SlotFill::Bypass
+    }
+
+    /// Waits for rank 0 to publish this call and returns the chunk size and
+    /// slot fill it decided; a different call there is a mismatch.
+    fn adopt_decision(
         &mut self,
         call: CallDescriptor,
         message_bytes: usize,
-    ) -> Result<u32, EngineError> {
+    ) -> Result<(u32, bool), EngineError> {
         self.wait_for(0, 0, Signal::CallsPublished, (self.calls + 1) as u32)?;
         match self.transport.published_call(0, self.calls) {
-            Some(decided) if decided.same_call(&call) => self.check_chunk(0, decided.chunk_bytes),
+            Some(decided) if decided.same_call(&call) => Ok((
+                self.check_chunk(0, decided.chunk_bytes)?,
+                decided.bypass_slots,
+            )),
             Some(peer_call) => Err(self.abort_mismatch(call, 0, peer_call)),
             // Rank 0 already runs a later call, which only a call that needs
             // nothing from this rank lets it do (a broadcast from rank 0): the
             // calls differ, which the stamp on the first message received
-            // reports. Until then any chunk does.
-            None => Ok(self.decide_chunk(message_bytes, call.dtype.size_bytes())),
+            // reports. Until then any chunk and fill do.
+            None => Ok((
+                self.decide_chunk(message_bytes, call.dtype.size_bytes()),
+                false,
+            )),
         }
     }
 

@@ -55,14 +55,20 @@ pub struct CallDescriptor {
     /// rank for all (docs/engine.md); 0 for the one-shot and direct paths, and while a
     /// broadcast rank has yet to learn it from the message it receives.
     pub chunk_bytes: u32,
+    /// Whether the ring fills its slots past the cache below the streaming
+    /// threshold, decided by the same rank as the chunk from the calls it
+    /// measured (`slot_fill`); false for the other paths.
+    pub bypass_slots: bool,
 }
 
 impl CallDescriptor {
     /// Whether `other` is the same call as far as the user chose it (all but
-    /// the chunk size, which ranks adopt from the rank that decides it).
+    /// the chunk size and slot fill, which ranks adopt from the rank that
+    /// decides them).
     pub fn same_call(&self, other: &CallDescriptor) -> bool {
         CallDescriptor {
             chunk_bytes: other.chunk_bytes,
+            bypass_slots: other.bypass_slots,
             ..*self
         } == *other
     }
@@ -74,14 +80,20 @@ impl CallDescriptor {
             | (self.op.map_or(0, |op| op as u64)) << 16
             | (self.algorithm as u64) << 24
             | (self.root as u64) << 32;
-        [head, self.count, self.chunk_bytes as u64]
+        let decided = self.chunk_bytes as u64 | u64::from(self.bypass_slots) << 32;
+        [head, self.count, decided]
     }
 
     /// Decodes words a peer published; `None` if they are not a descriptor
     /// (only possible when the peer's memory was corrupted).
     pub(crate) fn from_words(words: [u64; 3]) -> Option<CallDescriptor> {
-        let [head, count, chunk_bytes] = words;
+        let [head, count, decided] = words;
         let op_code = (head >> 16) as u8;
+        let bypass_slots = match decided >> 32 {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
         Some(CallDescriptor {
             kind: CallKind::from_wire(head as u8)?,
             dtype: DType::from_wire((head >> 8) as u8)?,
@@ -93,7 +105,8 @@ impl CallDescriptor {
             algorithm: Algorithm::from_wire((head >> 24) as u8)?,
             root: (head >> 32) as u32,
             count,
-            chunk_bytes: u32::try_from(chunk_bytes).ok()?,
+            chunk_bytes: decided as u32,
+            bypass_slots,
         })
     }
 }

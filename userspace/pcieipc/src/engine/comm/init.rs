@@ -11,8 +11,10 @@ use super::checksums::Checksums;
 use super::options::CommOptions;
 use super::slots::MESSAGE_HEADER_BYTES;
 use super::{Communicator, StreamCounts};
+use crate::engine::cache_bypass::StreamingStores;
 use crate::engine::error::EngineError;
 use crate::engine::followed_device::FollowedDevice;
+use crate::engine::slot_fill::FillChooser;
 use crate::engine::transport::{Setup, WindowSizes};
 use crate::trace::{Recorder, TRACE_ENV};
 
@@ -97,10 +99,13 @@ impl Communicator {
         if options.damage.is_some() && checksums.is_none() {
             return Err(EngineError::DamageWithoutChecksums { rank });
         }
-        let streaming_from = options.streaming_stores.working_set_threshold(
-            transport.capabilities().device_memory,
-            std::path::Path::new("/"),
-        );
+        let device_memory = transport.capabilities().device_memory;
+        let streaming_from = options
+            .streaming_stores
+            .working_set_threshold(device_memory, std::path::Path::new("/"));
+        let fill_chooser = (options.streaming_stores == StreamingStores::Auto
+            && streaming_from != usize::MAX)
+            .then(FillChooser::new);
         let mut communicator = Communicator {
             transport,
             rank,
@@ -123,6 +128,9 @@ impl Communicator {
             init_time: Duration::ZERO,
             single_copy: false,
             streaming_from,
+            fill_chooser,
+            current_fill: None,
+            measured_call: None,
             joining: true,
             followed,
             checksums,

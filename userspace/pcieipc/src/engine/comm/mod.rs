@@ -89,6 +89,15 @@ pub struct Communicator {
     /// with non-temporal stores (`usize::MAX`: never), resolved at init from
     /// `options.streaming_stores`.
     pub(crate) streaming_from: usize,
+    /// Below `streaming_from`, the measured choice between plain and
+    /// non-temporal slot fills (`slot_fill`), where the streaming stores
+    /// are `Auto` on host memory; `None`: plain.
+    pub(crate) fill_chooser: Option<crate::engine::slot_fill::FillChooser>,
+    /// How the current ring call fills its slots, for its trace.
+    pub(crate) current_fill: Option<crate::engine::slot_fill::SlotFill>,
+    /// The class of the current call and when it began, where this rank
+    /// chose its slot fill: its time goes to `fill_chooser` at its end.
+    measured_call: Option<(crate::engine::slot_fill::CallClass, u64)>,
     /// Whether `init` is still agreeing with the peers: waits then last up
     /// to `join_timeout`, not `peer_timeout`.
     pub(crate) joining: bool,

@@ -81,6 +81,7 @@ impl CudaCommunicator {
             root: 0,
             algorithm,
             chunk_bytes: self.layout.slot_bytes as u32,
+            bypass_slots: false,
         };
         self.check_call(call, registered)?;
         self.last_call = Some(CallDescriptor {

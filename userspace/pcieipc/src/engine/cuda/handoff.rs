@@ -692,6 +692,7 @@ impl CudaCommunicator {
             root: call.root as u32,
             algorithm,
             chunk_bytes: 0,
+            bypass_slots: false,
         };
         self.last_call = Some(descriptor);
         let [call_head, call_count, _] = descriptor.to_words();

@@ -1,0 +1,291 @@
+//! How the ring writes the chunks it posts in its slots below the
+//! streaming threshold (`cache_bypass`): plain stores, or non-temporal ones
+//! into both the raw and the relay slots, chosen by measuring the calls.
+//!
+//! Why measured and not fixed: the rate at which one core reads lines that
+//! another core has just written (still dirty in the writer's cache) depends
+//! on where the two cores are, and on a VM the host moves the vCPUs. On the
+//! 2-vCPU AMD EPYC VM, a 256 KiB all_reduce with plain fills ran at about 11
+//! GB/s most of the time and fell to about 1.6 for seconds at a time; with
+//! both slots filled past the cache, the successor reads from memory and the
+//! same calls ran at 4–7.5 GB/s in either state (docs/engine.md, Slot fills).
+//! Neither fixed choice holds in both states, so each class of call (kind
+//! and power-of-two size) runs one call in `PROBE_EVERY` on the other fill
+//! and keeps it when that call took clearly less time than the kept fill's
+//! recent calls.
+//!
+//! Every rank chooses for itself from its own call times: the slots read
+//! the same whichever way they were written. All ranks make the same calls,
+//! so their probes fall on the same calls, and a ring call takes about as
+//! long on every rank, so they come to the same choice.
+
+use crate::engine::comm::CallKind;
+
+/// How one ring call writes its slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotFill {
+    /// Plain stores: the successor reads the chunk from this core's cache.
+    Cached,
+    /// Non-temporal stores into the raw slots, plain into the relay slots:
+    /// the ranks' data outgrows the last-level cache (`cache_bypass`).
+    RawBypass,
+    /// Non-temporal stores into both: the successor reads from memory.
+    Bypass,
+}
+
+impl SlotFill {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SlotFill::Cached => "cached",
+            SlotFill::RawBypass => "raw-bypass",
+            SlotFill::Bypass => "bypass",
+        }
+    }
+
+    pub(crate) fn raw_bypasses(self) -> bool {
+        self != SlotFill::Cached
+    }
+
+    pub(crate) fn relay_bypasses(self) -> bool {
+        self == SlotFill::Bypass
+    }
+}
+
+/// One call of a class in this many runs on the fill not kept.
+pub(crate) const PROBE_EVERY: u32 = 64;
+/// A probe wins when it took less than this share of the kept fill's
+/// typical time. The two states differ by 2–7× on the EPYC VM and the fills
+/// by about 1.8× where plain stores are the faster, so a margin this wide
+/// does not flip on noise; a probe that a stall (a vCPU preempted) slowed
+/// only keeps the fill as it is.
+const PROBE_WINS_BELOW: f64 = 0.8;
+/// How many of the kept fill's latest calls its typical time (their median)
+/// is taken over.
+const RECENT_CALLS: usize = 8;
+/// Classes: three ring collectives times every power-of-two size of a `usize`.
+const SIZE_CLASSES: usize = usize::BITS as usize + 1;
+
+#[derive(Clone, Copy, Default)]
+struct Class {
+    /// Whether the kept fill is `Bypass` (otherwise `Cached`).
+    bypass: bool,
+    /// Calls of this class so far.
+    calls: u32,
+    /// The kept fill's latest call times (ns), `filled` of them, the next
+    /// written at `next`.
+    recent: [u64; RECENT_CALLS],
+    filled: usize,
+    next: usize,
+}
+
+impl Class {
+    fn kept(&self) -> SlotFill {
+        if self.bypass {
+            SlotFill::Bypass
+        } else {
+            SlotFill::Cached
+        }
+    }
+
+    fn is_probe(&self) -> bool {
+        self.calls % PROBE_EVERY == PROBE_EVERY - 1
+    }
+
+    fn typical_nanos(&self) -> Option<u64> {
+        let mut recent = self.recent[..self.filled].to_vec();
+        recent.sort_unstable();
+        recent.get(recent.len() / 2).copied()
+    }
+
+    fn remember(&mut self, nanos: u64) {
+        self.recent[self.next] = nanos;
+        self.next = (self.next + 1) % RECENT_CALLS;
+        self.filled = (self.filled + 1).min(RECENT_CALLS);
+    }
+}
+
+/// The measured choice between plain and non-temporal slot fills, per
+/// class of call.
+pub(crate) struct FillChooser {
+    classes: Vec<Class>,
+}
+
+/// A class of ring call: which collective and the power of two its
+/// message size rounds up to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallClass(usize);
+
+impl CallClass {
+    pub(crate) fn new(kind: CallKind, message_bytes: usize) -> CallClass {
+        let kind_index = match kind {
+            CallKind::AllReduce | CallKind::Broadcast => 0,
+            CallKind::ReduceScatter => 1,
+            CallKind::AllGather => 2,
+        };
+        let log2_ceil = (usize::BITS - message_bytes.saturating_sub(1).leading_zeros()) as usize;
+        CallClass(kind_index * SIZE_CLASSES + log2_ceil)
+    }
+}
+
+impl FillChooser {
+    pub(crate) fn new() -> FillChooser {
+        FillChooser {
+            classes: vec![Class::default(); 3 * SIZE_CLASSES],
+        }
+    }
+
+    /// The fill for the next call of `class`: the kept one, or the other on
+    /// a probe.
+    pub(crate) fn choose(&self, class: CallClass) -> SlotFill {
+        let state = &self.classes[class.0];
+        match (state.is_probe(), state.kept()) {
+            (false, kept) => kept,
+            (true, SlotFill::Cached) => SlotFill::Bypass,
+            (true, _) => SlotFill::Cached,
+        }
+    }
+
+    /// Records that the call `choose` was last asked about for `class`
+    /// took `nanos`.
+    pub(crate) fn record(&mut self, class: CallClass, nanos: u64) {
+        let state = &mut self.classes[class.0];
+        if state.is_probe() {
+            let wins = state
+                .typical_nanos()
+                .is_some_and(|typical| (nanos as f64) < typical as f64 * PROBE_WINS_BELOW);
+            if wins {
+                state.bypass = !state.bypass;
+                state.filled = 0;
+                state.next = 0;
+                state.remember(nanos);
+            }
+        } else {
+            state.remember(nanos);
+        }
+        state.calls = state.calls.wrapping_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLASS: fn() -> CallClass = || CallClass::new(CallKind::AllReduce, 256 << 10);
+
+    /// Runs `calls` calls of one class, each taking what `nanos` says for
+    /// its fill, and returns the fills used.
+    fn run(
+        chooser: &mut FillChooser,
+        calls: u32,
+        nanos: impl Fn(u32, SlotFill) -> u64,
+    ) -> Vec<SlotFill> {
+        (0..calls)
+            .map(|call| {
+                let fill = chooser.choose(CLASS());
+                chooser.record(CLASS(), nanos(call, fill));
+                fill
+            })
+            .collect()
+    }
+
+    fn fast_cache(_: u32, fill: SlotFill) -> u64 {
+        match fill {
+            SlotFill::Cached => 22_000,
+            _ => 40_000,
+        }
+    }
+
+    fn slow_cache(_: u32, fill: SlotFill) -> u64 {
+        match fill {
+            SlotFill::Cached => 160_000,
+            _ => 40_000,
+        }
+    }
+
+    #[test]
+    fn keeps_plain_stores_while_they_are_faster_probing_one_call_in_64() {
+        let mut chooser = FillChooser::new();
+        let fills = run(&mut chooser, 4 * PROBE_EVERY, fast_cache);
+        for (call, fill) in fills.iter().enumerate() {
+            let probe = call as u32 % PROBE_EVERY == PROBE_EVERY - 1;
+            let expected = if probe {
+                SlotFill::Bypass
+            } else {
+                SlotFill::Cached
+            };
+            assert_eq!(*fill, expected, "call {call}");
+        }
+    }
+
+    #[test]
+    fn moves_to_bypass_when_cached_reads_slow_down_and_back_when_they_recover() {
+        let mut chooser = FillChooser::new();
+        run(&mut chooser, PROBE_EVERY, fast_cache);
+        // The host moves the vCPUs: the next probe finds bypass faster.
+        let fills = run(&mut chooser, PROBE_EVERY, slow_cache);
+        assert_eq!(fills[..PROBE_EVERY as usize - 1], [SlotFill::Cached; 63]);
+        assert_eq!(fills[PROBE_EVERY as usize - 1], SlotFill::Bypass);
+        assert_eq!(chooser.choose(CLASS()), SlotFill::Bypass);
+        // While it lasts, bypass stays; the probes try plain stores.
+        let fills = run(&mut chooser, 2 * PROBE_EVERY, slow_cache);
+        assert_eq!(
+            fills
+                .iter()
+                .filter(|fill| **fill == SlotFill::Cached)
+                .count(),
+            2
+        );
+        assert_eq!(chooser.choose(CLASS()), SlotFill::Bypass);
+        // Back in the fast state, the next probe returns to plain stores.
+        let fills = run(&mut chooser, PROBE_EVERY, fast_cache);
+        assert_eq!(fills[PROBE_EVERY as usize - 1], SlotFill::Cached);
+        assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
+    }
+
+    #[test]
+    fn a_probe_must_win_clearly_and_a_stalled_one_changes_nothing() {
+        let mut chooser = FillChooser::new();
+        // Bypass only 10% faster: within the margin, plain stores stay.
+        run(&mut chooser, 3 * PROBE_EVERY, |_, fill| match fill {
+            SlotFill::Cached => 40_000,
+            _ => 36_000,
+        });
+        assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
+        // A kept call stalled for milliseconds does not move the median.
+        let mut chooser = FillChooser::new();
+        run(&mut chooser, PROBE_EVERY, |call, fill| match (call, fill) {
+            (62, _) => 3_000_000,
+            (_, SlotFill::Cached) => 22_000,
+            _ => 40_000,
+        });
+        assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
+    }
+
+    #[test]
+    fn classes_choose_apart() {
+        let small = CallClass::new(CallKind::AllReduce, 64 << 10);
+        let large = CallClass::new(CallKind::AllReduce, 1 << 20);
+        assert_ne!(small, large);
+        assert_ne!(small, CallClass::new(CallKind::ReduceScatter, 64 << 10));
+        assert_eq!(CallClass::new(CallKind::AllReduce, (32 << 10) + 1), small);
+        let mut chooser = FillChooser::new();
+        for _ in 0..2 * PROBE_EVERY {
+            for (class, times) in [
+                (small, slow_cache as fn(u32, SlotFill) -> u64),
+                (large, fast_cache),
+            ] {
+                let fill = chooser.choose(class);
+                chooser.record(class, times(0, fill));
+            }
+        }
+        assert_eq!(chooser.choose(small), SlotFill::Bypass);
+        assert_eq!(chooser.choose(large), SlotFill::Cached);
+    }
+
+    #[test]
+    fn fill_kinds_name_their_slots() {
+        assert!(!SlotFill::Cached.raw_bypasses() && !SlotFill::Cached.relay_bypasses());
+        assert!(SlotFill::RawBypass.raw_bypasses() && !SlotFill::RawBypass.relay_bypasses());
+        assert!(SlotFill::Bypass.raw_bypasses() && SlotFill::Bypass.relay_bypasses());
+    }
+}
