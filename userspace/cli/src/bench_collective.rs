@@ -93,8 +93,13 @@ impl Collective for Communicator {
         let peer_reads = self.transport_capabilities().peer_reads;
         let streaming = match self.streaming_stores_from() {
             Some(bytes) => format!(
-                ", non-temporal slot fills from a {} working set",
-                size_name(bytes)
+                ", non-temporal slot fills from a {} working set{}",
+                size_name(bytes),
+                if self.slot_fill_measured() {
+                    ", below it as the calls measure"
+                } else {
+                    ""
+                }
             ),
             None => String::new(),
         };

@@ -125,7 +125,8 @@ pub struct Args {
     /// shm: the working set (every rank's input, and output when out of
     /// place, together; K, M, G suffixes) from which the ring's first step
     /// fills its slots with non-temporal stores; `auto`: the last-level
-    /// cache's size; `off`: never.
+    /// cache's size, and below it plain or non-temporal fills as the calls
+    /// measure; `off`: never.
     #[arg(long, value_name = "auto|off|BYTES", default_value = "auto", value_parser = parse_streaming_stores)]
     streaming_stores: StreamingStores,
     /// With --transport cuda: how a reduce step reads the predecessor's

@@ -708,9 +708,10 @@ fn trace_prefix(test: &str, test_process: u32) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("pcieipc-{test}-{test_process}"))
 }
 
-/// With the default options, 128 ring all_reduce calls of 64 KiB: every
-/// result exact, whichever way the slots were filled, and the calls' fills
-/// as rank 0 decided them (engine/slot_fill.rs).
+/// With the default options, 128 ring all_reduce calls of 64 KiB and 128
+/// of 2 MiB (where the all-gather reads single-copy): every result exact,
+/// whichever way the slots were filled, and the calls' fills as rank 0
+/// decided them, per size (engine/slot_fill.rs).
 fn slot_fills(role: Role, test: &str) {
     let options = CommOptions {
         trace: Some(trace_prefix(test, std::os::unix::process::parent_id())),
@@ -724,18 +725,21 @@ fn slot_fills(role: Role, test: &str) {
         role.rank
     );
     comm.set_algorithm(AlgorithmChoice::Fixed(Algorithm::Ring));
-    for _ in 0..64 {
-        check_all_reduce::<f32>(&mut comm, &[16 << 10], &[ReduceOp::Sum]);
+    for count in [16 << 10, 512 << 10] {
+        for _ in 0..64 {
+            check_all_reduce::<f32>(&mut comm, &[count], &[ReduceOp::Sum]);
+        }
     }
 }
 
-/// Each call's slot fill from rank `rank`'s trace, in call order.
-fn fills_traced(prefix: &std::path::Path, rank: usize) -> Vec<String> {
+/// Each call's slot fill from rank `rank`'s trace, in call order, per
+/// message size in elements.
+fn fills_traced(prefix: &std::path::Path, rank: usize) -> Vec<(i64, Vec<String>)> {
     let file = format!("{}.rank{rank}.json", prefix.display());
     let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
     std::fs::remove_file(&file).expect("remove the trace");
     let trace: serde_json::Value = serde_json::from_str(&text).expect("trace JSON");
-    let mut calls: Vec<(i64, String)> = trace["traceEvents"]
+    let mut calls: Vec<(i64, i64, String)> = trace["traceEvents"]
         .as_array()
         .expect("events")
         .iter()
@@ -745,14 +749,23 @@ fn fills_traced(prefix: &std::path::Path, rank: usize) -> Vec<String> {
             let fill = args["slot_fill"]
                 .as_str()
                 .expect("a ring call names its fill");
+            let count = args["count"].as_i64().expect("count");
             (
                 args["call"].as_i64().expect("call number"),
+                count,
                 fill.to_string(),
             )
         })
         .collect();
     calls.sort();
-    calls.into_iter().map(|(_, fill)| fill).collect()
+    let mut by_count: Vec<(i64, Vec<String>)> = Vec::new();
+    for (_, count, fill) in calls {
+        match by_count.last_mut() {
+            Some((last, fills)) if *last == count => fills.push(fill),
+            _ => by_count.push((count, vec![fill])),
+        }
+    }
+    by_count
 }
 
 fn check_slot_fills(test: &str, nranks: usize) {
@@ -761,24 +774,32 @@ fn check_slot_fills(test: &str, nranks: usize) {
         return;
     }
     let prefix = trace_prefix(test, std::process::id());
-    let fills: Vec<Vec<String>> = (0..nranks)
+    let fills: Vec<_> = (0..nranks)
         .map(|rank| fills_traced(&prefix, rank))
         .collect();
-    assert_eq!(fills[0].len(), 128);
     for (rank, theirs) in fills.iter().enumerate().skip(1) {
         assert_eq!(
             theirs, &fills[0],
             "rank {rank} filled its slots unlike rank 0"
         );
     }
-    // Calls 63 and 127 probe the fill not kept: unlike the call before.
-    for probe in [63, 127] {
-        assert_ne!(fills[0][probe], fills[0][probe - 1], "call {probe}");
+    let counts: Vec<i64> = fills[0].iter().map(|(count, _)| *count).collect();
+    assert_eq!(counts, [16 << 10, 512 << 10]);
+    for (count, fills) in &fills[0] {
+        assert_eq!(fills.len(), 128, "count {count}");
+        // Calls 63 and 127 of a size probe the fill not kept: unlike the call before.
+        for probe in [63, 127] {
+            assert_ne!(
+                fills[probe],
+                fills[probe - 1],
+                "count {count}, call {probe}"
+            );
+        }
+        assert!(fills
+            .iter()
+            .all(|fill| fill == "cached" || fill == "bypass"));
+        assert!(fills.iter().filter(|fill| *fill == "bypass").count() >= 2);
     }
-    assert!(fills[0]
-        .iter()
-        .all(|fill| fill == "cached" || fill == "bypass"));
-    assert!(fills[0].iter().filter(|fill| *fill == "bypass").count() >= 2);
 }
 
 #[test]

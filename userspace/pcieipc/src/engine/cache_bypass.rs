@@ -26,7 +26,8 @@ pub enum StreamingStores {
     /// From a working set the size of the host's last-level cache (as sysfs
     /// reports cpu0's), on transports whose windows are host memory; never
     /// where the windows are device memory (a BAR is not cached) or the
-    /// host reports no cache.
+    /// host reports no cache. Below it, every slot's fill is plain or
+    /// non-temporal as the calls measure (`slot_fill`).
     Auto,
     /// Never: plain stores whatever the size.
     Off,

@@ -170,6 +170,13 @@ impl Communicator {
         (self.streaming_from != usize::MAX).then_some(self.streaming_from)
     }
 
+    /// Whether, below `streaming_stores_from`, ring calls choose between
+    /// plain and non-temporal slot fills by measuring (`slot_fill`), rather
+    /// than always filling with plain stores.
+    pub fn slot_fill_measured(&self) -> bool {
+        self.fill_chooser.is_some()
+    }
+
     /// The message sizes (bytes of the whole buffer) that take the
     /// single-copy path while `single_copy()` holds.
     pub fn single_copy_messages(&self) -> std::ops::RangeInclusive<usize> {
