@@ -104,6 +104,9 @@ pub enum RunError {
         status: String,
         stderr: String,
         tail: String,
+        /// Whether the guest's /init had begun (its start marker was on
+        /// the console).
+        guest_started: bool,
     },
     #[error(
         "QEMU did not connect its {what} socket within {CONNECT_TIMEOUT:?}; QEMU said:\n{stderr}"
@@ -126,7 +129,36 @@ pub enum RunError {
     HostScript { path: PathBuf, status: String },
 }
 
+/// Runs the guest, and boots it once more when its kernel died before the
+/// guest's /init began. Nothing of this project had run by then: the module,
+/// the guest script and the host script all start from /init. Debian's
+/// kernel under TCG died that way once in CI (an `int3` trap in
+/// `sched_clock_cpu` while the kernel unpacked the initramfs), which says
+/// nothing about the code under test; a second death fails the run.
 pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
+    match run_once(config) {
+        Err(error) if died_before_init(&error) => {
+            eprintln!(
+                "pcieipc-testbed: QEMU exited before the guest's /init began, so none of the \
+                 run's code had run; booting it once more. The first boot:\n{error}"
+            );
+            run_once(config)
+        }
+        other => other,
+    }
+}
+
+fn died_before_init(error: &RunError) -> bool {
+    matches!(
+        error,
+        RunError::QemuExited {
+            guest_started: false,
+            ..
+        }
+    )
+}
+
+fn run_once(config: &RunConfig) -> Result<RunOutcome, RunError> {
     let topology = Topology::load(&config.topology)?;
     let topology_text =
         std::fs::read_to_string(&config.topology).map_err(|source| RunError::Io {
@@ -344,19 +376,21 @@ fn supervise(
         }
     });
 
-    let qemu_failed =
-        |qemu: &mut KillOnDrop<'_>, stderr_reader: thread::JoinHandle<String>, tail: String| {
-            let status = qemu
-                .0
-                .wait()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|e| e.to_string());
-            RunError::QemuExited {
-                status,
-                stderr: stderr_reader.join().unwrap_or_default(),
-                tail,
-            }
-        };
+    let qemu_failed = |qemu: &mut KillOnDrop<'_>,
+                       stderr_reader: thread::JoinHandle<String>,
+                       console: &[String]| {
+        let status = qemu
+            .0
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| e.to_string());
+        RunError::QemuExited {
+            status,
+            stderr: stderr_reader.join().unwrap_or_default(),
+            tail: tail(console),
+            guest_started: console.iter().any(|line| line.contains(MARK_START)),
+        }
+    };
     let qmp_stream = match accept(&qmp_listener, &mut qemu) {
         Some(stream) => stream,
         None => {
@@ -369,7 +403,7 @@ fn supervise(
     let mut qmp = match Qmp::handshake(qmp_stream) {
         Ok(qmp) => qmp,
         // QEMU usually drops QMP because it refused its arguments: show why.
-        Err(err) => return Err(qemu_failed(&mut qemu, stderr_reader, format!("({err})"))),
+        Err(err) => return Err(qemu_failed(&mut qemu, stderr_reader, &[format!("({err})")])),
     };
     let control = match accept(&control_listener, &mut qemu) {
         Some(stream) => stream,
@@ -431,7 +465,7 @@ fn supervise(
                 });
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(qemu_failed(&mut qemu, stderr_reader, tail(&console)));
+                return Err(qemu_failed(&mut qemu, stderr_reader, &console));
             }
         }
     }
@@ -673,5 +707,25 @@ mod tests {
             ]
         );
         assert!(kernel_log_failures(&console[2..3]).is_empty());
+    }
+
+    #[test]
+    fn only_a_death_before_init_boots_again() {
+        let exited = |guest_started| RunError::QemuExited {
+            status: "exit status: 0".into(),
+            stderr: String::new(),
+            tail: "Kernel panic - not syncing: Fatal exception in interrupt".into(),
+            guest_started,
+        };
+        assert!(died_before_init(&exited(false)));
+        // Once /init ran, a death may be the module's or the script's.
+        assert!(!died_before_init(&exited(true)));
+        let timeout = RunError::Timeout {
+            limit: Duration::from_secs(20),
+            diagnosis: String::new(),
+            tail: String::new(),
+            stderr: String::new(),
+        };
+        assert!(!died_before_init(&timeout));
     }
 }
