@@ -149,12 +149,15 @@ pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
 }
 
 fn died_before_init(error: &RunError) -> bool {
+    // A QEMU that refused its arguments exits before any boot too, and
+    // would only refuse them again: only a kernel's death is booted anew.
     matches!(
         error,
         RunError::QemuExited {
             guest_started: false,
+            tail,
             ..
-        }
+        } if tail.contains("Kernel panic")
     )
 }
 
@@ -711,15 +714,18 @@ mod tests {
 
     #[test]
     fn only_a_death_before_init_boots_again() {
-        let exited = |guest_started| RunError::QemuExited {
+        let exited = |guest_started, tail: &str| RunError::QemuExited {
             status: "exit status: 0".into(),
             stderr: String::new(),
-            tail: "Kernel panic - not syncing: Fatal exception in interrupt".into(),
+            tail: tail.into(),
             guest_started,
         };
-        assert!(died_before_init(&exited(false)));
+        let panic = "Kernel panic - not syncing: Fatal exception in interrupt";
+        assert!(died_before_init(&exited(false, panic)));
         // Once /init ran, a death may be the module's or the script's.
-        assert!(!died_before_init(&exited(true)));
+        assert!(!died_before_init(&exited(true, panic)));
+        // QEMU dropping its monitor over bad arguments is no boot at all.
+        assert!(!died_before_init(&exited(false, "(connection closed)")));
         let timeout = RunError::Timeout {
             limit: Duration::from_secs(20),
             diagnosis: String::new(),

@@ -8,16 +8,16 @@
 //! 2-vCPU AMD EPYC VM, a 256 KiB all_reduce with plain fills ran at about 11
 //! GB/s most of the time and fell to about 1.6 for seconds at a time; with
 //! both slots filled past the cache, the successor reads from memory and the
-//! same calls ran at 4–7.5 GB/s in either state (docs/engine.md, Slot fills).
-//! Neither fixed choice holds in both states, so each class of call (kind
-//! and power-of-two size) runs one call in `PROBE_EVERY` on the other fill
-//! and keeps it when that call took clearly less time than the kept fill's
-//! recent calls.
+//! same calls ran at 4–7.5 GB/s out of place in either state (docs/engine.md,
+//! Slot fills chosen by measurement). Neither fixed choice holds in both
+//! states, so each class of call (kind and power-of-two size) runs one call
+//! in `PROBE_EVERY` on the other fill and keeps it when that call took
+//! clearly less time than the kept fill's recent calls.
 //!
-//! Every rank chooses for itself from its own call times: the slots read
-//! the same whichever way they were written. All ranks make the same calls,
-//! so their probes fall on the same calls, and a ring call takes about as
-//! long on every rank, so they come to the same choice.
+//! Rank 0 chooses, from its own call times, as it chooses the chunk, and the
+//! call's descriptor carries the choice to the others (`bypass_slots`). Ranks
+//! that each chose for themselves could fill apart and stay apart: a probe
+//! flips both, so what each measures is the mixed fill.
 
 use crate::engine::comm::CallKind;
 
@@ -92,7 +92,8 @@ impl Class {
     }
 
     fn typical_nanos(&self) -> Option<u64> {
-        let mut recent = self.recent[..self.filled].to_vec();
+        let mut recent = self.recent;
+        let recent = &mut recent[..self.filled];
         recent.sort_unstable();
         recent.get(recent.len() / 2).copied()
     }
