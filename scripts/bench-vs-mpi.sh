@@ -29,6 +29,12 @@
 #                                           others, and prints it beside this tree's pcieipc:
 #                                           a before/after from one run, with the same noise
 #        MIN_BYTES=65536 MAX_BYTES=268435456 the busbw sweep's range (a short trial run)
+#        MIN_BYTES=4194304 MAX_BYTES=4194304 REPEAT=60 LATENCY_REPEAT=3 scripts/bench-vs-mpi.sh
+#                                           many runs of one size: under the table, how many
+#                                           of pcieipc's runs fell below MPI's median (the low
+#                                           tail that decides how often a median of 5 could)
+#        KEEP=DIR scripts/bench-vs-mpi.sh  keeps every run's raw results (pcieipc's JSON
+#                                           reports, MPI's lines, the host's rates) in DIR
 #        PCIEIPC=path/to/pcieipc scripts/bench-vs-mpi.sh
 #                                           runs that prebuilt pcieipc instead of building
 #                                           this tree, for a machine without cargo (the GPU
@@ -53,6 +59,7 @@ BASELINE=${BASELINE:-}
 MIN_BYTES=${MIN_BYTES:-65536}
 MAX_BYTES=${MAX_BYTES:-268435456}
 PCIEIPC=${PCIEIPC:-}
+KEEP=${KEEP:-}
 
 tools=(mpicc gcc mpirun python3)
 [ -n "$PCIEIPC" ] || tools+=(cargo)
@@ -67,7 +74,9 @@ for binary in BASELINE PCIEIPC; do
 done
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# KEEP: the raw results are copied out however the run ends (a failing run's
+# samples are the ones worth reading).
+trap '[ -z "$KEEP" ] || { mkdir -p "$KEEP" && cp -r "$work"/. "$KEEP"/; }; rm -rf "$work"' EXIT
 
 if [ -n "$PCIEIPC" ]; then
     pcieipc=$PCIEIPC
@@ -225,6 +234,9 @@ def table(ours, theirs, title, labels=("pcieipc", "MPI")):
           f"{labels[0] + ' ip':>{w_ours - 1}} {labels[1] + ' ip':>{w_theirs}} {'ratio':>6}   | best: oop ratio  ip ratio"
           f" | host GB/s")
     worst = worst_best = None
+    # The run-to-run spread's low tail: the most of one size's runs on this
+    # side that fell below the other side's median there.
+    tail = (0, None, None)
     for size in sorted(ours):
         o, m = ours[size], theirs.get(size)
         if m is None:
@@ -233,12 +245,19 @@ def table(ours, theirs, title, labels=("pcieipc", "MPI")):
         b_oop, b_ip = best(o, 1) / best(m, 1), best(o, 3) / best(m, 3)
         worst = min(worst or r_oop, r_oop, r_ip)
         worst_best = min(worst_best or b_oop, b_oop, b_ip)
+        for kind, at in (("out of place", 1), ("in place", 3)):
+            below = sum(run[at] < median(m, at) for run in o)
+            if below > tail[0]:
+                tail = (below, size, kind)
         rates = host.get(size, [])
         rate = f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})" if rates else "-"
         print(f"{size:>12} {median(o, 1):>{w_ours}.2f} {median(m, 1):>{w_theirs}.2f} {r_oop:>6.2f} "
               f"{median(o, 3):>{w_ours - 1}.2f} {median(m, 3):>{w_theirs}.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}"
               f" | {rate}")
     print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
+    below, size, kind = tail
+    where = f" ({size} B {kind})" if below else ""
+    print(f"# {labels[0]}'s runs below {labels[1]}'s median busbw: at most {below} of {repeat} at one size{where}")
     return worst
 
 ours8, theirs8 = pcieipc("pcieipc-8", runs_made=latency_repeat), mpi("mpi-8", latency_repeat)
