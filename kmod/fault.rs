@@ -14,7 +14,8 @@ use crate::{
     capability::{require_pci_access, require_sys_admin},
     events::EventLog,
     link,
-    pci_function::PciFunction,
+    link_control::{self, Address},
+    pci_function::{regs, PciFunction},
     registry,
     uapi::{self, ArgszArg},
     watch::Watch,
@@ -28,6 +29,9 @@ pub(crate) struct FaultState {
     pub(crate) events: Arc<EventLog>,
     #[pin]
     watches: Mutex<KVec<Arc<Watch>>>,
+    /// Held for the whole of a retrain (see `link_retrain`).
+    #[pin]
+    retrains: Mutex<()>,
 }
 
 kernel::sync::global_lock! {
@@ -47,6 +51,7 @@ pub(crate) unsafe fn init() -> Result {
         try_pin_init!(FaultState {
             events: Arc::pin_init(EventLog::new(), GFP_KERNEL)?,
             watches <- new_mutex!(KVec::new()),
+            retrains <- new_mutex!(()),
         }),
         GFP_KERNEL,
     )?;
@@ -96,29 +101,92 @@ pub(crate) fn link_status(arg: usize) -> Result<isize> {
     Ok(0)
 }
 
-/// Retraining takes a link down for its duration: only the links of devices
-/// this module binds may be retrained, i.e. `function`'s port must be the
-/// port directly above a bound device (EPERM otherwise). A root port of the
-/// boot disk or another driver's device is never touched.
-fn require_served_port(function: &PciFunction) -> Result {
-    let port = link::retrain_port(function)?.bdf();
+/// Why the link above a function may not be retrained by this module.
+struct Refusal {
+    reason: uapi::pcieipc_link_refusal,
+    /// The function that made it refuse.
+    bdf: u32,
+    errno: Error,
+}
+
+/// Whether the port `function` hangs from serves a device this module binds
+/// (a frozen one too: a retrain may be what recovers its link).
+fn serves_bound_device(port: &PciFunction) -> Result<bool> {
     let mut served = false;
     registry::for_each(|device| {
-        // A frozen device (error recovery) is still served: a retrain may
-        // be what recovers its link.
         if device.state() != uapi::PCIEIPC_STATE_GONE {
             let above = PciFunction::find(device.info.bdf)
                 .ok()
                 .and_then(|d| d.upstream_bridge())
                 .map(|p| p.bdf());
-            served |= above == Some(port);
+            served |= above == Some(port.bdf());
         }
         Ok(())
     })?;
-    if served {
-        Ok(())
-    } else {
-        Err(EPERM)
+    Ok(served)
+}
+
+/// Retraining takes a link down for its duration, so it needs the owner's
+/// consent: the port must serve a device this module binds, or root listed
+/// `function` in `link_control` (another driver owns it: a GPU). A listed
+/// device whose port has a mass-storage function below is still refused: a
+/// boot disk's link is never taken down. A target speed on a port whose
+/// speed the kernel's bandwidth controller sets must go through the kernel
+/// (its cooling device), which serialises it with the kernel's own changes:
+/// EBUSY says so to a caller that is otherwise allowed.
+fn check_link_control(
+    function: &PciFunction,
+    port: &PciFunction,
+    target_speed: u8,
+) -> Result<(), Refusal> {
+    let refuse = |reason, bdf, errno| Refusal { reason, bdf, errno };
+    let served = serves_bound_device(port)
+        .map_err(|errno| refuse(uapi::PCIEIPC_LINK_REFUSED_NONE, 0, errno))?;
+    if !served {
+        if !link_control::is_listed(function.bdf()) {
+            return Err(refuse(
+                uapi::PCIEIPC_LINK_REFUSED_NOT_ALLOWED,
+                function.bdf(),
+                EACCES,
+            ));
+        }
+        let storage = |class: u32| class >> 16 == regs::PCI_BASE_CLASS_STORAGE;
+        if let Some(disk) = port.find_below(storage) {
+            return Err(refuse(
+                uapi::PCIEIPC_LINK_REFUSED_STORAGE,
+                disk.bdf(),
+                EACCES,
+            ));
+        }
+    }
+    if target_speed != 0 && port.has_bandwidth_cooling_device() {
+        return Err(refuse(
+            uapi::PCIEIPC_LINK_REFUSED_BANDWIDTH_CONTROLLER,
+            port.bdf(),
+            EBUSY,
+        ));
+    }
+    Ok(())
+}
+
+/// Says in the kernel log why a retrain was refused, and how root allows it.
+fn log_refusal(function: &PciFunction, port: &PciFunction, refusal: &Refusal) {
+    let (device, port_address, by) = (
+        Address(function.bdf()),
+        Address(port.bdf()),
+        Address(refusal.bdf),
+    );
+    match refusal.reason {
+        uapi::PCIEIPC_LINK_REFUSED_NOT_ALLOWED => pr_notice!(
+            "retrain of the link above {device} refused: pcieipc does not bind it and root did not list it in link_control; to allow it: add {device} to /sys/module/pcieipc/parameters/link_control (pcieipc link allow {device})\n"
+        ),
+        uapi::PCIEIPC_LINK_REFUSED_STORAGE => pr_notice!(
+            "retrain of the link above {device} refused: mass-storage function {by} is below port {port_address}, whose link is never taken down, listed or not\n"
+        ),
+        uapi::PCIEIPC_LINK_REFUSED_BANDWIDTH_CONTROLLER => pr_notice!(
+            "target speed for the link above {device} refused: the kernel's bandwidth controller sets port {port_address}'s speed; write it through the cooling device PCIe_Port_Link_Speed_{port_address}\n"
+        ),
+        _ => {}
     }
 }
 
@@ -127,12 +195,30 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
     require_sys_admin()?;
     require_pci_access()?;
     let mut arg = ArgszArg::<uapi::pcieipc_link_retrain>::read(arg)?;
-    if arg.value.flags != 0 || arg.value.reserved != [0; 3] || arg.value.target_speed > 6 {
+    let target_speed = arg.value.target_speed;
+    if arg.value.flags != 0
+        || arg.value.reserved != [0; 3]
+        || (target_speed > 6 && u32::from(target_speed) != uapi::PCIEIPC_LINK_SPEED_MAX)
+    {
         return Err(EINVAL);
     }
     let function = PciFunction::find(arg.value.bdf)?;
-    require_served_port(&function)?;
-    let retrain = link::retrain(&function, arg.value.target_speed, arg.value.timeout_ms)?;
+    let port = link::retrain_port(&function)?;
+    if let Err(refusal) = check_link_control(&function, &port, target_speed) {
+        if refusal.reason != uapi::PCIEIPC_LINK_REFUSED_NONE {
+            log_refusal(&function, &port, &refusal);
+            arg.value.refused = refusal.reason;
+            arg.value.refused_bdf = refusal.bdf;
+            arg.write_back()?;
+        }
+        return Err(refusal.errno);
+    }
+    // One retrain at a time: each saves and restores the Target Link Speed,
+    // so two interleaved could leave the other's lowered speed behind.
+    let retrain = {
+        let _serialised = state.retrains.lock();
+        link::retrain(&function, target_speed, arg.value.timeout_ms)?
+    };
     let errno = match retrain.outcome {
         Ok(()) => 0,
         Err(e) => e.to_errno(),

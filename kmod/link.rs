@@ -152,13 +152,20 @@ pub(crate) fn retrain(
         ms if ms > MAX_RETRAIN_TIMEOUT_MS => return Err(EINVAL),
         ms => ms,
     };
+    let before = status(function);
+    let target_speed = if u32::from(target_speed) == uapi::PCIEIPC_LINK_SPEED_MAX {
+        // Up to what both ends can do: a link that trained down (or whose
+        // port was left set lower) trains back to its capability.
+        before.max_speed
+    } else {
+        target_speed
+    };
     if target_speed != 0 {
         let port_max = generation(port.pcie_read32(regs::PCI_EXP_LNKCAP)?);
         if target_speed > port_max {
             return Err(EINVAL);
         }
     }
-    let before = status(function);
     let limit = Delta::from_millis(i64::from(timeout_ms));
     let start = Instant::<Monotonic>::now();
     let outcome = retrain_port_link(&port, target_speed, start, limit);

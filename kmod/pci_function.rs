@@ -43,6 +43,7 @@ pub(crate) mod regs {
     pub(crate) const PCI_ERR_COR_MASK: i32 = bindings::PCI_ERR_COR_MASK as i32;
     pub(crate) const PCI_ERR_CAP: i32 = bindings::PCI_ERR_CAP as i32;
     pub(crate) const PCI_ERR_HEADER_LOG: i32 = bindings::PCI_ERR_HEADER_LOG as i32;
+    pub(crate) const PCI_BASE_CLASS_STORAGE: u32 = bindings::PCI_BASE_CLASS_STORAGE;
 }
 
 /// A referenced `struct pci_dev`.
@@ -103,6 +104,66 @@ impl PciFunction {
             dev: bridge,
             domain: self.domain,
         })
+    }
+
+    /// The first function below this bridge (on its secondary bus or
+    /// further down) whose class code `matches`, if any.
+    pub(crate) fn find_below(&self, matches: fn(u32) -> bool) -> Option<PciFunction> {
+        struct Walk {
+            matches: fn(u32) -> bool,
+            found: *mut bindings::pci_dev,
+        }
+        /// # Safety
+        ///
+        /// Called by `pci_walk_bus` with a valid device and our `Walk`.
+        unsafe extern "C" fn visit(dev: *mut bindings::pci_dev, data: *mut c_void) -> c_int {
+            // SAFETY: `data` is the `Walk` below, borrowed for the walk.
+            let walk = unsafe { &mut *data.cast::<Walk>() };
+            // SAFETY: `dev` is valid for the call (the walk holds the bus
+            // lock); `class` is read at enumeration.
+            if (walk.matches)(unsafe { (*dev).class }) {
+                // SAFETY: as above; the reference is the found function's.
+                walk.found = unsafe { bindings::pci_dev_get(dev) };
+                1
+            } else {
+                0
+            }
+        }
+        // SAFETY: `dev` is valid; `subordinate` (NULL for a non-bridge) is
+        // set while the bridge is enumerated.
+        let bus = unsafe { (*self.dev.as_ptr()).subordinate };
+        if bus.is_null() {
+            return None;
+        }
+        let mut walk = Walk {
+            matches,
+            found: core::ptr::null_mut(),
+        };
+        // SAFETY: `bus` is valid (above); `visit` matches the callback's
+        // contract and `walk` outlives the walk.
+        unsafe { bindings::pci_walk_bus(bus, Some(visit), (&raw mut walk).cast()) };
+        // INVARIANT: `found` carries the reference `visit` took; everything
+        // below a bridge is in the bridge's domain.
+        NonNull::new(walk.found).map(|dev| Self {
+            dev,
+            domain: self.domain,
+        })
+    }
+
+    /// Whether the kernel's bandwidth controller sets this port's link speed
+    /// through a thermal cooling device (`PCIe_Port_Link_Speed_<port>`):
+    /// a speed change then has to go through it, where the kernel
+    /// serialises it with its own.
+    pub(crate) fn has_bandwidth_cooling_device(&self) -> bool {
+        #[cfg(CONFIG_PCIE_THERMAL)]
+        {
+            // SAFETY: `dev` is valid; `link_bwctrl` is set while the
+            // bandwidth controller is bound to the port, which is when it
+            // registers the cooling device.
+            !unsafe { (*self.dev.as_ptr()).link_bwctrl }.is_null()
+        }
+        #[cfg(not(CONFIG_PCIE_THERMAL))]
+        false
     }
 
     /// Whether the function has a PCI Express capability.

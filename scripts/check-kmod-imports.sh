@@ -13,7 +13,7 @@ source "$(dirname "$0")/common.sh"
 # The wrapper files: each is one small safe wrapper over raw bindings for one
 # missing 7.3 abstraction (see the file's own header comment). Every other
 # file is driver logic and uses only the kernel crate and these wrappers.
-WRAPPERS="aer bar_regions capability delayed_work dma_buffer pci_function pci_info poll user_mapping"
+WRAPPERS="aer bar_regions capability delayed_work dma_buffer pci_function pci_info poll text_param user_mapping"
 
 check() {
     WRAPPERS="$WRAPPERS" python3 - "$1" <<'PY'

@@ -50,6 +50,7 @@ fabric.toml aer.sh
 fabric.toml aer-tracefs.sh
 fabric.toml demo.sh
 fabric.toml hardening.sh
+link-control.toml link-control.sh
 datapath.toml datapath-list.sh
 datapath.toml datapath-ipc.sh
 datapath.toml datapath-fuzz.sh
@@ -66,6 +67,7 @@ engine-aer.toml engine-tracefs.sh
 engine-aer.toml engine-fatal.sh
 engine-aer.toml engine-retrain.sh
 engine-aer.toml engine-follow.sh
+engine-aer.toml engine-follow-retrain.sh
 LIST
 
 # The same guest scripts on Debian's packaged kernel (its vmlinuz, the
@@ -83,6 +85,8 @@ fabric.toml aer.sh
 fabric.toml fault.sh
 fabric.toml aer-tracefs.sh
 engine-aer.toml engine-retrain.sh
+link-control.toml link-control.sh
+engine-aer.toml engine-follow-retrain.sh
 fabric.toml demo.sh
 LIST
 

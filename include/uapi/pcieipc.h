@@ -31,7 +31,7 @@
  * changes meaning; the minor number when something is added.
  */
 #define PCIEIPC_ABI_MAJOR 0
-#define PCIEIPC_ABI_MINOR 4
+#define PCIEIPC_ABI_MINOR 5
 
 /* Free in Documentation/userspace-api/ioctl/ioctl-number.rst. */
 #define PCIEIPC_IOC_MAGIC 0xD7
@@ -391,25 +391,57 @@ struct pcieipc_link_status {
 	__u32 state;               /* PCIEIPC_LINK_* */
 };
 
+/* pcieipc_link_retrain.target_speed: the highest speed both ends support. */
+#define PCIEIPC_LINK_SPEED_MAX 0xff
+
+/* pcieipc_link_retrain.refused: why a retrain was refused (ABI 0.5). */
+enum pcieipc_link_refusal {
+	PCIEIPC_LINK_REFUSED_NONE = 0,
+	/*
+	 * EACCES: no device this module binds hangs from the port, and root
+	 * did not list `bdf` in the module parameter link_control.
+	 */
+	PCIEIPC_LINK_REFUSED_NOT_ALLOWED = 1,
+	/*
+	 * EACCES: listed, but a mass-storage function (refused_bdf) is at or
+	 * below the port: its link is never taken down.
+	 */
+	PCIEIPC_LINK_REFUSED_STORAGE = 2,
+	/*
+	 * EBUSY: a target speed on a port whose speed the kernel's bandwidth
+	 * controller sets (its thermal cooling device): change it there.
+	 */
+	PCIEIPC_LINK_REFUSED_BANDWIDTH_CONTROLLER = 3,
+};
+
 /*
  * PCIEIPC_IOC_LINK_RETRAIN (CAP_SYS_ADMIN): retrains the link above `bdf`
- * from its upstream port: optionally sets the target speed (LnkCtl2), sets
- * Retrain Link, waits up to timeout_ms (0: 1000, as the kernel does) for
- * Link Training to clear. Emits a PCIEIPC_EVENT_LINK_RETRAIN event.
+ * from its upstream port: optionally sets the target speed (LnkCtl2) for
+ * this retrain, sets Retrain Link, waits up to timeout_ms (0: 1000, as the
+ * kernel does) for Link Training to clear, then puts the port's Target Link
+ * Speed back as it was. Retrains are serialised (two at once run one after
+ * the other). Only the link above a device this module binds, or one root
+ * listed in the module parameter link_control, is retrained.
+ * Emits a PCIEIPC_EVENT_LINK_RETRAIN event.
  * Errors: ENODEV (no such function), EOPNOTSUPP (no upstream
  * PCI Express port), ETIMEDOUT (training did not end; `after` is filled),
- * EPERM, EINVAL (flags, target_speed above the port's capability).
+ * EPERM (no CAP_SYS_ADMIN, or the kernel is locked down), EACCES and EBUSY
+ * (`refused` says why), EINVAL (flags, target_speed above the port's
+ * capability).
  */
 struct pcieipc_link_retrain {
 	__u32 argsz;
 	__u32 flags;
 	__u32 bdf;
 	__u32 timeout_ms;
-	__u8 target_speed;         /* 0: keep the current target */
+	__u8 target_speed;         /* 0: keep; 1..6; PCIEIPC_LINK_SPEED_MAX */
 	__u8 reserved[3];
 	__u32 elapsed_us;          /* out: time until training ended */
 	struct pcieipc_link_status before;  /* out */
 	struct pcieipc_link_status after;   /* out */
+	/* ABI 0.5 */
+	__u32 refused;             /* out, with EACCES/EBUSY: pcieipc_link_refusal */
+	__u32 refused_bdf;         /* out: the function that made it refuse */
 };
 
 /* pcieipc_watch.flags */

@@ -5,9 +5,9 @@ for round in 1 2; do
     check "round $round: insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
     check "round $round: /dev/pcieipc is a char device, mode 0600" sh -c '
         [ -c /dev/pcieipc ] && [ "$(stat -c %a /dev/pcieipc)" = 600 ]'
-    check "round $round: VERSION ioctl reports ABI 0.4 and module $userspace_version" sh -c "
+    check "round $round: VERSION ioctl reports ABI 0.5 and module $userspace_version" sh -c "
         pcieipc device version --json > /tmp/version.json && cat /tmp/version.json &&
-        grep -q '\"abi_major\":0,\"abi_minor\":4,' /tmp/version.json &&
+        grep -q '\"abi_major\":0,\"abi_minor\":5,' /tmp/version.json &&
         grep -q '\"module_version\":\"$userspace_version\"' /tmp/version.json"
     check "round $round: module is listed" grep -q '^pcieipc ' /proc/modules
     check "round $round: rmmod pcieipc" rmmod pcieipc

@@ -1,11 +1,12 @@
 //! `pcieipc link`: the link above any PCI function (owned by the module or
-//! not), retraining it, and watching it, through /dev/pcieipc.
+//! not), retraining it, and watching it, through /dev/pcieipc; and root's
+//! opt-in that lets it retrain the links of devices another driver owns.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use pcieipc::{
-    device::{Device, DEFAULT_PATH},
+    device::{Device, DeviceError, LinkControl, RetrainRefusal, TargetSpeed, DEFAULT_PATH},
     events::speed_gts,
     probe::bdf::Bdf,
 };
@@ -15,6 +16,10 @@ pub struct Args {
     /// The module's device node.
     #[arg(long, default_value = DEFAULT_PATH)]
     path: PathBuf,
+    /// Root under which sys/ is read and written (the module's parameters,
+    /// the kernel's cooling devices).
+    #[arg(long, default_value = "/")]
+    sysfs_root: PathBuf,
     #[command(subcommand)]
     command: LinkCommand,
 }
@@ -28,12 +33,18 @@ enum LinkCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Retrain the link from the upstream port (CAP_SYS_ADMIN).
+    /// Retrain the link from the upstream port (CAP_SYS_ADMIN). The link
+    /// above a device pcieipc does not bind needs root's opt-in first
+    /// (`pcieipc link allow`).
     Retrain {
         bdf: String,
-        /// Target speed generation to set first (1 = 2.5 GT/s ... 6 = 64 GT/s).
-        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=6))]
-        speed: Option<u8>,
+        /// Target speed for this retrain: a generation (1 = 2.5 GT/s ...
+        /// 6 = 64 GT/s), or max (the highest both ends support). The port's
+        /// Target Link Speed is put back after. Where the kernel's bandwidth
+        /// controller sets the port's speed, the speed goes through its
+        /// cooling device instead and stays set (max lifts it).
+        #[arg(long)]
+        speed: Option<TargetSpeed>,
         /// Longest wait for Link Training to end (default: the kernel's 1000 ms).
         #[arg(long)]
         timeout_ms: Option<u64>,
@@ -49,17 +60,87 @@ enum LinkCommand {
     },
     /// Stop watching the function.
     Unwatch { bdf: String },
+    /// Allow pcieipc to retrain the links above these devices although
+    /// another driver owns them (root; adds them to the module parameter
+    /// link_control). Mass-storage devices stay refused.
+    Allow {
+        #[arg(required = true)]
+        bdfs: Vec<String>,
+    },
+    /// Withdraw that permission.
+    Disallow {
+        #[arg(required = true)]
+        bdfs: Vec<String>,
+    },
+    /// The devices root allowed (the module parameter link_control).
+    Allowed {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn bdf(text: &str) -> anyhow::Result<u32> {
     Ok(text.parse::<Bdf>()?.to_abi()?)
 }
 
+fn bdfs(texts: &[String]) -> anyhow::Result<Vec<Bdf>> {
+    texts.iter().map(|text| Ok(text.parse::<Bdf>()?)).collect()
+}
+
+/// The list root allowed, after `change`, written back whole.
+fn change_allowed(
+    control: &LinkControl,
+    texts: &[String],
+    change: impl FnOnce(&mut Vec<Bdf>, Vec<Bdf>),
+) -> anyhow::Result<()> {
+    let given = bdfs(texts)?;
+    let mut list = control.allowed()?;
+    change(&mut list, given);
+    control.set_allowed(&list)?;
+    print_allowed(&control.allowed()?, false)
+}
+
+fn print_allowed(list: &[Bdf], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(list).context("serialising the list")?
+        );
+    } else if list.is_empty() {
+        println!(
+            "link_control: no device (pcieipc retrains only the links above devices it binds)"
+        );
+    } else {
+        for bdf in list {
+            println!("{bdf}");
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let device = Device::open(&args.path)?;
+    let control = LinkControl::new(&args.sysfs_root);
+    // Only the commands that use the module's ioctls open it: the opt-in
+    // list is its parameter in sysfs.
+    let open = || Device::open(&args.path);
     match args.command {
+        LinkCommand::Allow { bdfs: texts } => {
+            change_allowed(&control, &texts, |list, given| {
+                for bdf in given {
+                    if !list.contains(&bdf) {
+                        list.push(bdf);
+                    }
+                }
+            })?;
+        }
+        LinkCommand::Disallow { bdfs: texts } => {
+            change_allowed(&control, &texts, |list, given| {
+                list.retain(|bdf| !given.contains(bdf))
+            })?;
+        }
+        LinkCommand::Allowed { json } => print_allowed(&control.allowed()?, json)?,
         LinkCommand::Status { bdf: text, json } => {
-            let link = device.link_status(bdf(&text)?)?;
+            let link = open()?.link_status(bdf(&text)?)?;
             if json {
                 println!(
                     "{}",
@@ -75,8 +156,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             timeout_ms,
             json,
         } => {
-            let retrain =
-                device.retrain(bdf(&text)?, speed, timeout_ms.map(Duration::from_millis))?;
+            let abi = bdf(&text)?;
+            let device = open()?;
+            let retrain = match device.retrain(abi, speed, timeout_ms.map(Duration::from_millis)) {
+                Err(DeviceError::RetrainRefused {
+                    refusal: RetrainRefusal::BandwidthController { port },
+                    ..
+                }) => {
+                    let speed = speed.context("a plain retrain refused for a target speed")?;
+                    let state = control.set_port_speed(port, speed)?;
+                    println!(
+                        "{}: speed set through the kernel's bandwidth controller \
+                         (PCIe_Port_Link_Speed_{port}, cooling state {state}); it stays set until \
+                         changed (--speed max lifts it)",
+                        Bdf::from_abi(abi)
+                    );
+                    println!("after:  {}", device.link_status(abi)?);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                other => other?,
+            };
             if json {
                 println!(
                     "{}",
@@ -98,7 +197,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if !retrain.completed {
                 return Ok(ExitCode::FAILURE);
             }
-            if let Some(generation) = speed {
+            if let Some(TargetSpeed::Generation(generation)) = speed {
                 if retrain.after.speed != generation {
                     eprintln!(
                         "pcieipc: the link trained to {}, not the {} asked for",
@@ -112,9 +211,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bdf: text,
             period_ms,
         } => {
-            device.watch(bdf(&text)?, Duration::from_millis(period_ms))?;
+            open()?.watch(bdf(&text)?, Duration::from_millis(period_ms))?;
         }
-        LinkCommand::Unwatch { bdf: text } => device.unwatch(bdf(&text)?)?,
+        LinkCommand::Unwatch { bdf: text } => open()?.unwatch(bdf(&text)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }

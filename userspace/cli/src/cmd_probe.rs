@@ -404,7 +404,20 @@ fn link_text(link: &LinkReport) -> String {
     match link.state {
         LinkState::Full => current,
         LinkState::Unknown => format!("link {current} (max {capable})"),
-        LinkState::Degraded => format!("{current} of {capable} DEGRADED"),
+        LinkState::Degraded => match &link.retrain {
+            Some(retrain) if retrain.retrainable => {
+                format!("{current} of {capable} DEGRADED (retrainable)")
+            }
+            Some(retrain) => format!(
+                "{current} of {capable} DEGRADED (not retrainable: {}{})",
+                retrain.reason,
+                retrain
+                    .allow
+                    .as_ref()
+                    .map_or(String::new(), |allow| format!("; to allow: {allow}"))
+            ),
+            None => format!("{current} of {capable} DEGRADED"),
+        },
         LinkState::IdleDownshiftLikely => format!("{current} of {capable} (idle downshift likely)"),
     }
 }

@@ -7,6 +7,7 @@
 mod generator;
 
 use pcieipc::plan::{CostModel, RingMethod};
+use pcieipc::probe::retrain::retrainability;
 use pcieipc::probe::{
     Bdf, DeviceKind, FindingKind, HealthModel, LinkSpeed, LinkState, PathClass, PeerRoute,
     ProbeReport, Severity, Topology,
@@ -806,4 +807,84 @@ fn without_aer_health_comes_from_link_state() {
     assert!(kinds.contains(&FindingKind::DegradedLink), "{kinds:?}");
     assert!(!kinds.contains(&FindingKind::SubHealthy), "{kinds:?}");
     validate_against_schema(&report);
+}
+
+#[test]
+fn dgx8_degraded_link_says_whether_pcieipc_may_retrain_it() {
+    let mut topology = probe("dgx8");
+    let switch = index(&topology, "0000:08:00.0");
+    let verdict = |topology: &Topology| {
+        let link = topology.link_above(switch).unwrap();
+        retrainability(topology, link, topology.link_control.as_deref())
+    };
+    // The fixture has no module parameters: the module is not loaded.
+    assert_eq!(topology.link_control, None);
+    let unloaded = verdict(&topology);
+    assert!(!unloaded.retrainable);
+    assert_eq!(unloaded.reason, "pcieipc.ko is not loaded");
+    assert_eq!(
+        unloaded.allow.as_deref(),
+        Some("insmod pcieipc.ko link_control=0000:08:00.0")
+    );
+
+    topology.link_control = Some(vec![bdf("0000:07:00.0")]);
+    let unlisted = verdict(&topology);
+    assert!(!unlisted.retrainable);
+    assert!(
+        unlisted
+            .reason
+            .contains("root has not listed it in link_control"),
+        "{}",
+        unlisted.reason
+    );
+    assert!(
+        unlisted
+            .allow
+            .as_deref()
+            .is_some_and(|allow| allow.starts_with("pcieipc link allow 0000:08:00.0 ")),
+        "{:?}",
+        unlisted.allow
+    );
+    let report = ProbeReport::new(&topology, &CostModel::default());
+    let finding = report
+        .findings
+        .iter()
+        .find(|finding| finding.kind == FindingKind::DegradedLink)
+        .unwrap();
+    assert!(
+        finding
+            .action
+            .contains("to allow it: pcieipc link allow 0000:08:00.0"),
+        "{}",
+        finding.action
+    );
+    validate_against_schema(&report);
+
+    // Listed, and nothing but GPUs, NICs and switch ports below: allowed.
+    topology.link_control = Some(vec![bdf("0000:08:00.0")]);
+    let listed = verdict(&topology);
+    assert!(listed.retrainable, "{}", listed.reason);
+    assert_eq!(listed.reason, "root listed 0000:08:00.0 in link_control");
+
+    // A drive anywhere below the port (here a function two levels down made
+    // an NVMe controller): refused, listed or not, naming the drive.
+    let below_switch = topology.devices[switch].children[0];
+    let drive = topology.devices[below_switch].children[0];
+    let drive_bdf = topology.devices[drive].bdf;
+    topology.devices[drive].class_code = Some(0x010802);
+    let storage = verdict(&topology);
+    assert!(!storage.retrainable);
+    assert_eq!(storage.allow, None);
+    assert!(
+        storage.reason.starts_with(&format!(
+            "mass-storage function {drive_bdf} hangs from port"
+        )),
+        "{}",
+        storage.reason
+    );
+
+    // A device the module binds below the port: retrainable, listed or not.
+    topology.link_control = Some(vec![]);
+    topology.devices[switch].driver = Some("pcieipc".to_string());
+    assert!(verdict(&topology).retrainable);
 }

@@ -104,7 +104,7 @@ fn below_port(
             }
             // The testbed kernel has no ZONE_DMA: keep edu's DMA below 4 GiB.
             EndpointKind::Edu => ",dma_mask=0xffffffff".to_string(),
-            EndpointKind::PciTestdev => String::new(),
+            EndpointKind::PciTestdev | EndpointKind::Ahci => String::new(),
             // No network backend: the NIC's registers and interrupt are all
             // the tests use.
             EndpointKind::E1000 => ",mac=52:54:00:12:34:56".to_string(),

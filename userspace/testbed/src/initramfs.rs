@@ -110,6 +110,23 @@ inject_mid_sweep() {
     return $rc
 }
 # summary: prints the counts; fails if any check failed or none ran.
+# port_of BDF: the bridge directly above BDF (the sysfs parent directory).
+port_of() { basename "$(readlink -f "/sys/bus/pci/devices/$1/..")"; }
+# cfg_byte BDF OFFSET / cfg_word BDF OFFSET: config space through sysfs (root
+# reads all of it).
+cfg_byte() { echo $(( 0x$(od -An -tx1 -j"$2" -N1 "/sys/bus/pci/devices/$1/config" | tr -d " ") )); }
+cfg_word() { echo $(( 0x$(od -An -tx2 -j"$2" -N2 "/sys/bus/pci/devices/$1/config" | tr -d " ") )); }
+# pcie_cap BDF: offset of the PCI Express capability (ID 0x10).
+pcie_cap() {
+    p=$(cfg_byte "$1" 52)
+    while [ "$p" != 0 ]; do
+        [ "$(cfg_byte "$1" "$p")" = 16 ] && { echo "$p"; return; }
+        p=$(cfg_byte "$1" $((p + 1)))
+    done
+    return 1
+}
+# link_ctl BDF: "LnkCtl LnkCtl2" of a port.
+link_ctl() { c=$(pcie_cap "$1") && echo "$(cfg_word "$1" $((c + 16))) $(cfg_word "$1" $((c + 48)))"; }
 summary() {
     echo "guest: $PCIEIPC_PASSED passed, $PCIEIPC_FAILED failed"
     [ "$PCIEIPC_FAILED" = 0 ] && [ "$PCIEIPC_PASSED" -gt 0 ]

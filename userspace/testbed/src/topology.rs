@@ -97,6 +97,9 @@ pub enum EndpointKind {
     /// QEMU's e1000 (8086:100e): a conventional NIC whose only interrupt is
     /// level-triggered INTx, raised through its registers in BAR0.
     E1000,
+    /// QEMU's ahci (8086:2922): a SATA controller, class mass storage, with
+    /// no drive attached; the guest has no driver for it.
+    Ahci,
 }
 
 impl EndpointKind {
@@ -106,6 +109,7 @@ impl EndpointKind {
             EndpointKind::Edu => "edu",
             EndpointKind::PciTestdev => "pci-testdev",
             EndpointKind::E1000 => "e1000",
+            EndpointKind::Ahci => "ahci",
         }
     }
 
@@ -116,6 +120,7 @@ impl EndpointKind {
             EndpointKind::Edu => "1234:11e8",
             EndpointKind::PciTestdev => "1b36:0005",
             EndpointKind::E1000 => "8086:100e",
+            EndpointKind::Ahci => "8086:2922",
         }
     }
 }

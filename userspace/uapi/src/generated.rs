@@ -4,7 +4,7 @@
 
 pub const PCIEIPC_DEVICE_NAME: &[u8; 8] = b"pcieipc\0";
 pub const PCIEIPC_ABI_MAJOR: u32 = 0;
-pub const PCIEIPC_ABI_MINOR: u32 = 4;
+pub const PCIEIPC_ABI_MINOR: u32 = 5;
 pub const PCIEIPC_IOC_MAGIC: u32 = 215;
 pub const PCIEIPC_VERSION_STRING_LEN: u32 = 32;
 pub const PCIEIPC_IOC_VERSION: u32 = 55040;
@@ -36,6 +36,7 @@ pub const PCIEIPC_IOC_DMA_WAIT: u32 = 55047;
 pub const PCIEIPC_LINK_DEGRADED: u32 = 1;
 pub const PCIEIPC_LINK_TRAINING: u32 = 2;
 pub const PCIEIPC_LINK_DLL_ACTIVE: u32 = 4;
+pub const PCIEIPC_LINK_SPEED_MAX: u32 = 255;
 pub const PCIEIPC_WATCH_ADD: u32 = 1;
 pub const PCIEIPC_WATCH_REMOVE: u32 = 2;
 pub const PCIEIPC_IOC_LINK_STATUS: u32 = 55072;
@@ -450,6 +451,11 @@ const _: () = {
     ["Offset of field: pcieipc_link_status::state"]
         [::core::mem::offset_of!(pcieipc_link_status, state) - 48usize];
 };
+pub const PCIEIPC_LINK_REFUSED_NONE: pcieipc_link_refusal = 0;
+pub const PCIEIPC_LINK_REFUSED_NOT_ALLOWED: pcieipc_link_refusal = 1;
+pub const PCIEIPC_LINK_REFUSED_STORAGE: pcieipc_link_refusal = 2;
+pub const PCIEIPC_LINK_REFUSED_BANDWIDTH_CONTROLLER: pcieipc_link_refusal = 3;
+pub type pcieipc_link_refusal = ::core::ffi::c_uint;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
 pub struct pcieipc_link_retrain {
@@ -462,10 +468,12 @@ pub struct pcieipc_link_retrain {
     pub elapsed_us: __u32,
     pub before: pcieipc_link_status,
     pub after: pcieipc_link_status,
+    pub refused: __u32,
+    pub refused_bdf: __u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of pcieipc_link_retrain"][::core::mem::size_of::<pcieipc_link_retrain>() - 128usize];
+    ["Size of pcieipc_link_retrain"][::core::mem::size_of::<pcieipc_link_retrain>() - 136usize];
     ["Alignment of pcieipc_link_retrain"][::core::mem::align_of::<pcieipc_link_retrain>() - 4usize];
     ["Offset of field: pcieipc_link_retrain::argsz"]
         [::core::mem::offset_of!(pcieipc_link_retrain, argsz) - 0usize];
@@ -485,6 +493,10 @@ const _: () = {
         [::core::mem::offset_of!(pcieipc_link_retrain, before) - 24usize];
     ["Offset of field: pcieipc_link_retrain::after"]
         [::core::mem::offset_of!(pcieipc_link_retrain, after) - 76usize];
+    ["Offset of field: pcieipc_link_retrain::refused"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, refused) - 128usize];
+    ["Offset of field: pcieipc_link_retrain::refused_bdf"]
+        [::core::mem::offset_of!(pcieipc_link_retrain, refused_bdf) - 132usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]

@@ -7,6 +7,94 @@ use pcieipc_uapi as uapi;
 
 use super::{Device, DeviceError};
 use crate::events::{Event, Link};
+use crate::probe::bdf::Bdf;
+
+/// The speed a retrain trains to, for that retrain only (the port's Target
+/// Link Speed is put back after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetSpeed {
+    /// A speed generation, 1 (2.5 GT/s) to 6 (64 GT/s).
+    Generation(u8),
+    /// The highest speed both ends support: a link that trained down (or a
+    /// port left set lower) trains back to its capability.
+    UpToCapability,
+}
+
+impl TargetSpeed {
+    fn to_abi(self) -> u8 {
+        match self {
+            TargetSpeed::Generation(generation) => generation,
+            TargetSpeed::UpToCapability => uapi::PCIEIPC_LINK_SPEED_MAX as u8,
+        }
+    }
+}
+
+impl std::str::FromStr for TargetSpeed {
+    type Err = String;
+
+    /// `1`..`6` or `max`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "max" => Ok(TargetSpeed::UpToCapability),
+            _ => match text.parse::<u8>() {
+                Ok(generation @ 1..=6) => Ok(TargetSpeed::Generation(generation)),
+                _ => Err(format!(
+                    "'{text}' is not a speed generation: 1 (2.5 GT/s) to 6 (64 GT/s), or max"
+                )),
+            },
+        }
+    }
+}
+
+/// Why the module refused to retrain a link (`pcieipc_link_refusal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetrainRefusal {
+    /// pcieipc binds no device below the port and root did not list the
+    /// function in the module parameter `link_control`.
+    NotAllowed,
+    /// A mass-storage function is at or below the port: never retrained.
+    Storage { function: Bdf },
+    /// The kernel's bandwidth controller sets the port's speed: a target
+    /// speed goes through its cooling device.
+    BandwidthController { port: Bdf },
+}
+
+impl RetrainRefusal {
+    fn from_abi(refused: u32, refused_bdf: Bdf) -> Option<Self> {
+        match refused {
+            uapi::PCIEIPC_LINK_REFUSED_NOT_ALLOWED => Some(RetrainRefusal::NotAllowed),
+            uapi::PCIEIPC_LINK_REFUSED_STORAGE => Some(RetrainRefusal::Storage {
+                function: refused_bdf,
+            }),
+            uapi::PCIEIPC_LINK_REFUSED_BANDWIDTH_CONTROLLER => {
+                Some(RetrainRefusal::BandwidthController { port: refused_bdf })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RetrainRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetrainRefusal::NotAllowed => write!(
+                f,
+                "pcieipc does not bind it and root has not allowed its link to be retrained \
+                 (module parameter link_control)"
+            ),
+            RetrainRefusal::Storage { function } => write!(
+                f,
+                "mass-storage function {function} hangs from the same port: its link is never \
+                 taken down, listed in link_control or not"
+            ),
+            RetrainRefusal::BandwidthController { port } => write!(
+                f,
+                "the kernel's bandwidth controller sets port {port}'s speed: a target speed goes \
+                 through its cooling device PCIe_Port_Link_Speed_{port}"
+            ),
+        }
+    }
+}
 
 /// What a retrain returns.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -52,17 +140,17 @@ impl Device {
     }
 
     /// `PCIEIPC_IOC_LINK_RETRAIN`: retrains the link above `bdf`, optionally
-    /// at a target speed generation; `timeout` None is the kernel's 1 s.
+    /// at a target speed for this retrain; `timeout` None is the kernel's 1 s.
     pub fn retrain(
         &self,
         bdf: u32,
-        target_speed: Option<u8>,
+        target_speed: Option<TargetSpeed>,
         timeout: Option<Duration>,
     ) -> Result<Retrain, DeviceError> {
         let mut arg = uapi::pcieipc_link_retrain {
             argsz: size_of::<uapi::pcieipc_link_retrain>() as u32,
             bdf,
-            target_speed: target_speed.unwrap_or(0),
+            target_speed: target_speed.map_or(0, TargetSpeed::to_abi),
             timeout_ms: timeout.map_or(0, |t| t.as_millis().min(u32::MAX as u128) as u32),
             ..Default::default()
         };
@@ -72,23 +160,21 @@ impl Device {
             Ok(_) => true,
             // The module fills before/after also when training timed out.
             Err(nix::errno::Errno::ETIMEDOUT) => false,
-            Err(nix::errno::Errno::EPERM) => {
-                if let Some(mode) = lockdown_mode() {
-                    return Err(DeviceError::LockedDown {
-                        path: self.path.clone(),
-                        ioctl: "PCIEIPC_IOC_LINK_RETRAIN",
-                        mode,
-                    });
-                }
-                return Err(DeviceError::RetrainNotServed {
+            Err(nix::errno::Errno::EPERM) if lockdown_mode().is_some() => {
+                return Err(DeviceError::LockedDown {
                     path: self.path.clone(),
-                    bdf: format!(
-                        "{:04x}:{:02x}:{:02x}.{}",
-                        bdf >> 16,
-                        (bdf >> 8) & 0xff,
-                        (bdf >> 3) & 0x1f,
-                        bdf & 7
-                    ),
+                    ioctl: "PCIEIPC_IOC_LINK_RETRAIN",
+                    mode: lockdown_mode().unwrap_or_default(),
+                });
+            }
+            Err(errno @ (nix::errno::Errno::EACCES | nix::errno::Errno::EBUSY))
+                if arg.refused != uapi::PCIEIPC_LINK_REFUSED_NONE =>
+            {
+                return Err(DeviceError::RetrainRefused {
+                    path: self.path.clone(),
+                    bdf: Bdf::from_abi(bdf),
+                    refusal: RetrainRefusal::from_abi(arg.refused, Bdf::from_abi(arg.refused_bdf))
+                        .ok_or_else(|| self.ioctl_error("PCIEIPC_IOC_LINK_RETRAIN", errno))?,
                 });
             }
             Err(errno) => return Err(self.ioctl_error("PCIEIPC_IOC_LINK_RETRAIN", errno)),
@@ -99,6 +185,21 @@ impl Device {
             elapsed_us: arg.elapsed_us,
             completed,
         })
+    }
+
+    /// The AER action matrix's opt-in retrain: retrains the link above
+    /// `bdf` where it reads degraded, and returns it after (`None`: not
+    /// degraded). Below the speed the port is set to train to counts too:
+    /// where the port's Link Capabilities read zero (as QEMU leaves them
+    /// after an injected uncorrectable error) the module has no maximum to
+    /// compare against, and does not flag the link.
+    pub fn retrain_if_degraded(&self, bdf: u32) -> Result<Option<Link>, DeviceError> {
+        let status = self.link_status(bdf)?;
+        let below_target = status.target_speed != 0 && status.speed < status.target_speed;
+        if !status.degraded && !below_target {
+            return Ok(None);
+        }
+        Ok(Some(self.retrain(bdf, None, None)?.after))
     }
 
     /// `PCIEIPC_IOC_RESET`: function reset of bound device `index`; returns

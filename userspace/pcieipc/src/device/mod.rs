@@ -17,13 +17,28 @@ mod dma;
 mod fault;
 mod info;
 mod interrupts;
+mod link_control;
 mod mapped_window;
 
 pub use dma::{DmaBuffer, DmaEngine, DmaTicket, DmaWaitResult};
-pub use fault::Retrain;
+pub use fault::{Retrain, RetrainRefusal, TargetSpeed};
+pub use link_control::{
+    allow_line, parse_allow_list, AllowListError, LinkControl, LinkControlError,
+    LINK_CONTROL_PARAMETER,
+};
+
+use crate::probe::bdf::Bdf;
 pub use info::{BarInfo, BoundDevice, DeviceKind, DeviceState, IrqType};
 pub use interrupts::WaitResult;
 pub use mapped_window::MappedWindow;
+
+/// How root allows what was refused, where that is possible.
+fn allow_hint(bdf: &Bdf, refusal: &RetrainRefusal) -> String {
+    match refusal {
+        RetrainRefusal::NotAllowed => format!("; to allow it: {}", allow_line(*bdf)),
+        _ => String::new(),
+    }
+}
 
 /// Where the module's misc device appears.
 pub const DEFAULT_PATH: &str = "/dev/pcieipc";
@@ -42,10 +57,14 @@ pub enum DeviceError {
         errno: nix::errno::Errno,
     },
     #[error(
-        "{path}: PCIEIPC_IOC_LINK_RETRAIN of {bdf} refused (EPERM): pcieipc retrains only the link \
-         directly above a device it binds (see `pcieipc device list`)"
+        "{path}: retrain of the link above {bdf} refused: {refusal}{}",
+        allow_hint(bdf, refusal)
     )]
-    RetrainNotServed { path: PathBuf, bdf: String },
+    RetrainRefused {
+        path: PathBuf,
+        bdf: Bdf,
+        refusal: RetrainRefusal,
+    },
     #[error(
         "{path}: {ioctl} refused (EPERM): the kernel is locked down ({mode}, \
          /sys/kernel/security/lockdown), which forbids raw PCI access"
@@ -206,9 +225,11 @@ impl DeviceError {
             DeviceError::Ioctl { errno, .. }
             | DeviceError::DeviceIoctl { errno, .. }
             | DeviceError::Mmap { errno, .. } => Some(*errno),
-            DeviceError::RetrainNotServed { .. } | DeviceError::LockedDown { .. } => {
-                Some(nix::errno::Errno::EPERM)
-            }
+            DeviceError::LockedDown { .. } => Some(nix::errno::Errno::EPERM),
+            DeviceError::RetrainRefused { refusal, .. } => Some(match refusal {
+                RetrainRefusal::BandwidthController { .. } => nix::errno::Errno::EBUSY,
+                _ => nix::errno::Errno::EACCES,
+            }),
             DeviceError::Open { .. }
             | DeviceError::AbiMismatch { .. }
             | DeviceError::ShortRecord { .. } => None,

@@ -5,7 +5,9 @@
 
 use std::fmt;
 
-use crate::events::{AerError, Severity};
+use crate::device::Device;
+use crate::events::{AerError, Link, Severity};
+use crate::probe::bdf::Bdf;
 
 /// Uncorrectable Error Status bit 5: the link went down without warning. The
 /// device is unreachable whatever severity the severity register gives it.
@@ -71,6 +73,25 @@ pub fn action(fault: &Fault) -> Option<FaultAction> {
         return Some(FaultAction::Fail);
     }
     fault.errors.iter().filter_map(error_action).max()
+}
+
+/// The action matrix's opt-in retrain (`CommOptions::retrain_degraded`)
+/// of the link above `bdf`, after the kernel recovered it from a non-fatal
+/// error: the link after, or `None` where it is not degraded. A failure
+/// (the module not loaded, root has not allowed the device: the error says
+/// how) leaves the link as it was, and is said: the job asked for it.
+pub(crate) fn retrain_if_degraded(device: &Device, bdf: Bdf) -> Option<Link> {
+    let abi = match bdf.to_abi() {
+        Ok(abi) => abi,
+        Err(error) => {
+            eprintln!("pcieipc: retraining the degraded link above {bdf}: {error}");
+            return None;
+        }
+    };
+    device.retrain_if_degraded(abi).unwrap_or_else(|error| {
+        eprintln!("pcieipc: retraining the degraded link above {bdf}: {error}");
+        None
+    })
 }
 
 /// How the kernel's recovery of a device ended, as far as a rank waited.

@@ -20,8 +20,9 @@ use crate::probe::bdf::Bdf;
 use crate::probe::link::LinkSpeed;
 
 use super::chunk::{LinkFacts, RecentErrors};
-use super::fault_policy::{Fault, Recovery};
+use super::fault_policy::{retrain_if_degraded, Fault, Recovery};
 use super::transport::LinkPoll;
+use crate::device::{Device, DEFAULT_PATH};
 
 /// How often a rank waiting for the end of a recovery reads sysfs.
 const RECOVERY_POLL: Duration = Duration::from_millis(1);
@@ -128,6 +129,7 @@ fn answers(dir: &Path) -> Option<bool> {
 
 /// One rank's followed device: its link and its recent errors.
 pub(crate) struct FollowedDevice {
+    bdf: Bdf,
     dir: PathBuf,
     path: Vec<String>,
     session: TraceSession,
@@ -153,6 +155,7 @@ impl FollowedDevice {
                 source,
             })?;
         Ok(FollowedDevice {
+            bdf: device.bdf,
             dir: device.dir(),
             path,
             session,
@@ -206,6 +209,30 @@ impl FollowedDevice {
             facts: changed.flatten(),
             faults,
         }
+    }
+
+    /// Retrains the link above the device where it reads degraded, through
+    /// the module's link control (root must have allowed the device: the
+    /// module parameter `link_control`), and returns its facts after
+    /// (`None` also where the job follows no link facts).
+    pub(crate) fn retrain_degraded(&mut self) -> Option<LinkFacts> {
+        let device = Device::open(DEFAULT_PATH)
+            .inspect_err(|error| {
+                eprintln!(
+                    "pcieipc: retraining the degraded link above {}: {error}",
+                    self.bdf
+                )
+            })
+            .ok()?;
+        let after = retrain_if_degraded(&device, self.bdf)?;
+        // A job that gave no link facts (host memory's chunks) keeps none.
+        let mut facts = self.published?;
+        if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
+            facts.speed_gt_s = speed.gigatransfers_per_second() as f32;
+        }
+        facts.width = after.width;
+        self.published = Some(facts);
+        Some(facts)
     }
 
     /// Waits at most `bound` for the device to answer config reads with its

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::bdf::Bdf;
 use super::config_space::STANDARD_HEADER_LEN;
 use super::link::{Link, LinkSpeed, LinkState};
+use super::retrain::retrainability;
 use super::topology::{DevicePath, Topology};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -240,6 +241,20 @@ fn link_evidence(topology: &Topology, link: &Link) -> String {
     text
 }
 
+/// How to retrain `link` with pcieipc, or why it cannot and what allows it.
+fn retrain_advice(topology: &Topology, link: &Link) -> String {
+    let device = topology.devices[link.downstream].bdf;
+    let verdict = retrainability(topology, link, topology.link_control.as_deref());
+    match (verdict.retrainable, verdict.allow) {
+        (true, _) => format!("`pcieipc link retrain {device}` ({})", verdict.reason),
+        (false, Some(allow)) => format!(
+            "pcieipc cannot retrain it now: {}; to allow it: {allow}",
+            verdict.reason
+        ),
+        (false, None) => format!("pcieipc cannot retrain it: {}", verdict.reason),
+    }
+}
+
 fn link_findings(topology: &Topology, link: &Link, on_gpu_path: bool, findings: &mut Vec<Finding>) {
     let device = Some(topology.devices[link.downstream].bdf);
     match link.state {
@@ -252,10 +267,12 @@ fn link_findings(topology: &Topology, link: &Link, on_gpu_path: bool, findings: 
             kind: FindingKind::DegradedLink,
             device,
             evidence: link_evidence(topology, link),
-            action: "reseat the card, riser or cable of this link and retrain it; a link that \
-                     trains low again has a bad lane, slot or retimer. Until then every path \
-                     through it runs at the reduced bandwidth"
-                .to_string(),
+            action: format!(
+                "retrain it; a link that trains low again needs its card, riser or cable \
+                 reseated, and one that still does has a bad lane, slot or retimer. Until then \
+                 every path through it runs at the reduced bandwidth. {}",
+                retrain_advice(topology, link)
+            ),
         }),
         LinkState::IdleDownshiftLikely => findings.push(Finding {
             severity: Severity::Info,

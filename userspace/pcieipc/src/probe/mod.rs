@@ -30,6 +30,7 @@ pub mod names;
 pub mod nvlink;
 pub mod nvml;
 pub mod report;
+pub mod retrain;
 pub mod sysfs;
 pub mod topology;
 pub mod watch;

@@ -11,6 +11,7 @@ use super::health::{HealthBasis, HealthModel};
 use super::link::{LinkSpeed, LinkState};
 use super::names::{class_name, vendor_name};
 use super::nvlink::{GpuNvlinkState, NvlinkConnection, NvlinkStatus};
+use super::retrain::{retrainability, Retrainability};
 use super::topology::{DeviceKind, PathClass, Topology, Upstream};
 use crate::plan::{best_ring, bus_id_order_ring, pair_matrix, CostModel, Ring, RingMethod};
 
@@ -108,6 +109,9 @@ pub struct LinkReport {
     pub current_bandwidth_gbps: Option<f64>,
     pub effective_bandwidth_gbps: Option<f64>,
     pub health: Option<f64>,
+    /// For a degraded link: whether pcieipc may retrain it, and if not the
+    /// line that would allow it.
+    pub retrain: Option<Retrainability>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -347,6 +351,8 @@ fn device_report(topology: &Topology, index: usize) -> DeviceReport {
             current_bandwidth_gbps: link.current_bandwidth_gbps(),
             effective_bandwidth_gbps: link.effective_bandwidth_gbps(),
             health: link.health,
+            retrain: (link.state == LinkState::Degraded)
+                .then(|| retrainability(topology, link, topology.link_control.as_deref())),
         }),
         aer: has_aer.then(|| AerReport {
             correctable_total: aer.correctable.as_ref().map(|file| file.total),

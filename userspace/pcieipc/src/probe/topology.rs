@@ -18,6 +18,7 @@ use super::health::{AerTotals, HealthBasis, HealthModel};
 use super::link::{classify_link, Link, LinkSpeed};
 use super::nvlink::{NvlinkConnection, NvlinkStatus, Nvlinks};
 use super::sysfs::{self, AerCounters, SysfsDevice};
+use crate::device::LinkControl;
 
 /// A PCI host bridge (root complex), the `pciDDDD:BB` directory of sysfs.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,12 +206,20 @@ pub struct Topology {
     pub health_model: HealthModel,
     /// What NVML says of NVLink; `NotRead` until `with_nvlinks`.
     pub nvlinks: Nvlinks,
+    /// The devices root allowed pcieipc to retrain the links of (the module
+    /// parameter `link_control`); `None` where the module is not loaded.
+    pub link_control: Option<Vec<Bdf>>,
 }
 
 impl Topology {
-    /// Probes `<root>/sys` (`root` is `/` on a live system).
+    /// Probes `<root>/sys` (`root` is `/` on a live system). A link control
+    /// list that cannot be read counts as the module not being loaded: the
+    /// probe then says how to load it.
     pub fn from_sysfs_root(root: &Path, health_model: HealthModel) -> Result<Topology, ProbeError> {
-        Ok(Topology::build(sysfs::read_devices(root)?, health_model))
+        Ok(Topology {
+            link_control: LinkControl::new(root).allowed().ok(),
+            ..Topology::build(sysfs::read_devices(root)?, health_model)
+        })
     }
 
     /// Builds the tree from raw records (any order).
@@ -332,6 +341,7 @@ impl Topology {
             index_of,
             health_model,
             nvlinks: Nvlinks::without(NvlinkStatus::NotRead),
+            link_control: None,
         }
     }
 

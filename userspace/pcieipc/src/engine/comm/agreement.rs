@@ -212,12 +212,13 @@ impl Communicator {
         {
             action = FaultAction::Fail;
         }
-        // Retraining needs the module's link control of a device it watches:
-        // the transport's own device only.
-        let retrained = (action == FaultAction::AwaitRecovery
-            && self.options.retrain_degraded
-            && reporter == Reporter::Transport)
-            .then(|| self.transport.retrain_degraded_link())
+        // Through the module's link control: of the transport's own device,
+        // or of the followed one where root allowed it (`link_control`).
+        let retrained = (action == FaultAction::AwaitRecovery && self.options.retrain_degraded)
+            .then(|| match reporter {
+                Reporter::Transport => self.transport.retrain_degraded_link(),
+                Reporter::Followed => self.followed.as_mut()?.retrain_degraded(),
+            })
             .flatten();
         if let Some(link) = retrained {
             self.set_link(Some(link));

@@ -25,7 +25,7 @@ use crate::probe::link::LinkSpeed;
 
 use super::PcieipcError;
 use crate::engine::chunk::{LinkFacts, RecentErrors};
-use crate::engine::fault_policy::{Fault, Recovery};
+use crate::engine::fault_policy::{retrain_if_degraded, Fault, Recovery};
 use crate::engine::transport::LinkPoll;
 
 /// How often the module's watch reads the link's status.
@@ -263,35 +263,8 @@ impl LinkEvents {
     /// or retrain leaves the facts as they were, and is said: the job asked
     /// for the retrain.
     pub(super) fn retrain_degraded(&mut self) -> Option<LinkFacts> {
-        let bdf = self.bdf.parse::<Bdf>().ok()?.to_abi().ok()?;
-        let status = match self.device.link_status(bdf) {
-            Ok(status) => status,
-            Err(error) => {
-                eprintln!(
-                    "pcieipc: {}: link status before a retrain: {error}",
-                    self.bdf
-                );
-                return None;
-            }
-        };
-        // Below the speed the port is set to train to counts too: where the
-        // port's Link Capabilities read zero (as QEMU leaves them after an
-        // injected uncorrectable error) the module has no maximum to compare
-        // against, and does not flag the link.
-        let below_target = status.target_speed != 0 && status.speed < status.target_speed;
-        if !status.degraded && !below_target {
-            return None;
-        }
-        let after = match self.device.retrain(bdf, None, None) {
-            Ok(retrain) => retrain.after,
-            Err(error) => {
-                eprintln!(
-                    "pcieipc: {}: retraining its degraded link: {error}",
-                    self.bdf
-                );
-                return None;
-            }
-        };
+        let bdf = self.bdf.parse::<Bdf>().ok()?;
+        let after = retrain_if_degraded(&self.device, bdf)?;
         if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
             self.speed_gt_s = speed.gigatransfers_per_second() as f32;
         }
