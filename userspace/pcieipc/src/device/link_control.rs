@@ -93,19 +93,19 @@ fn parse_entry(entry: &str) -> Result<Bdf, AllowListError> {
 pub enum LinkControlError {
     #[error("{path}: not there: is pcieipc.ko loaded? (`insmod pcieipc.ko`)")]
     NotLoaded { path: PathBuf },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     List {
         path: PathBuf,
         #[source]
         source: AllowListError,
     },
-    #[error("{path}: the module refused the list ({source}): `dmesg` says why")]
+    #[error("{path}: the module refused the list (`dmesg` says why)")]
     Refused {
         path: PathBuf,
         #[source]
@@ -171,6 +171,7 @@ impl LinkControl {
         })?;
         let mut file = std::fs::OpenOptions::new()
             .write(true)
+            .truncate(true)
             .open(&path)
             .map_err(|source| match source.kind() {
                 std::io::ErrorKind::NotFound => LinkControlError::NotLoaded { path: path.clone() },
@@ -386,7 +387,16 @@ mod tests {
         let refused = control
             .set_allowed(&[bdf("0000:3b:00.0"), bdf("0000:3b:00.0")])
             .unwrap_err();
-        assert!(refused.to_string().contains("listed twice"), "{refused}");
+        assert!(
+            matches!(
+                refused,
+                LinkControlError::List {
+                    source: AllowListError::Duplicate { .. },
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
         assert_eq!(
             std::fs::read_to_string(&parameter).unwrap(),
             "0000:3b:00.0,0000:5e:00.0\n"
