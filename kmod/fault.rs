@@ -134,39 +134,33 @@ fn serves_bound_device(port: &PciFunction) -> Result<bool> {
 /// speed the kernel's bandwidth controller sets must go through the kernel
 /// (its cooling device), which serialises it with the kernel's own changes:
 /// EBUSY says so to a caller that is otherwise allowed.
-fn check_link_control(
+fn refusal(
     function: &PciFunction,
     port: &PciFunction,
     target_speed: u8,
-) -> Result<(), Refusal> {
-    let refuse = |reason, bdf, errno| Refusal { reason, bdf, errno };
-    let served = serves_bound_device(port)
-        .map_err(|errno| refuse(uapi::PCIEIPC_LINK_REFUSED_NONE, 0, errno))?;
-    if !served {
+) -> Result<Option<Refusal>> {
+    let refuse = |reason, bdf, errno| Ok(Some(Refusal { reason, bdf, errno }));
+    if !serves_bound_device(port)? {
         if !link_control::is_listed(function.bdf()) {
-            return Err(refuse(
+            return refuse(
                 uapi::PCIEIPC_LINK_REFUSED_NOT_ALLOWED,
                 function.bdf(),
                 EACCES,
-            ));
+            );
         }
         let storage = |class: u32| class >> 16 == regs::PCI_BASE_CLASS_STORAGE;
         if let Some(disk) = port.find_below(storage) {
-            return Err(refuse(
-                uapi::PCIEIPC_LINK_REFUSED_STORAGE,
-                disk.bdf(),
-                EACCES,
-            ));
+            return refuse(uapi::PCIEIPC_LINK_REFUSED_STORAGE, disk.bdf(), EACCES);
         }
     }
     if target_speed != 0 && port.has_bandwidth_cooling_device() {
-        return Err(refuse(
+        return refuse(
             uapi::PCIEIPC_LINK_REFUSED_BANDWIDTH_CONTROLLER,
             port.bdf(),
             EBUSY,
-        ));
+        );
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Says in the kernel log why a retrain was refused, and how root allows it.
@@ -204,13 +198,11 @@ pub(crate) fn link_retrain(state: &FaultState, arg: usize) -> Result<isize> {
     }
     let function = PciFunction::find(arg.value.bdf)?;
     let port = link::retrain_port(&function)?;
-    if let Err(refusal) = check_link_control(&function, &port, target_speed) {
-        if refusal.reason != uapi::PCIEIPC_LINK_REFUSED_NONE {
-            log_refusal(&function, &port, &refusal);
-            arg.value.refused = refusal.reason;
-            arg.value.refused_bdf = refusal.bdf;
-            arg.write_back()?;
-        }
+    if let Some(refusal) = refusal(&function, &port, target_speed)? {
+        log_refusal(&function, &port, &refusal);
+        arg.value.refused = refusal.reason;
+        arg.value.refused_bdf = refusal.bdf;
+        arg.write_back()?;
         return Err(refusal.errno);
     }
     // One retrain at a time: each saves and restores the Target Link Speed,

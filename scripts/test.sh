@@ -36,6 +36,22 @@ harness_timeout() {
 }
 add_step "testbed: a run past its time limit is killed and says who was stuck" harness_timeout
 
+# A guest silent from boot (QEMU started paused, so its /init never runs):
+# the run leaves QEMU's view of the vCPU and boots it once more, saying so;
+# the second boot is as silent, so the run fails.
+harness_silent_guest() {
+    local out rc
+    out="$("$PCIEIPC_BIN/pcieipc-testbed" run --quiet --timeout 10 --topology tests/topologies/fabric.toml \
+        --guest tests/guest/stuck.sh --kernel "$PCIEIPC_KERNEL" --qemu-arg=-S 2>&1)" && rc=0 || rc=$?
+    echo "$out" | grep -E "once more|VM status|EIP=" >&2
+    [ "$rc" = 2 ] &&
+        [ "$(grep -c "the guest's kernel went silent before its /init began, so none of the run's code had run; booting it once more" <<<"$out")" = 1 ] &&
+        [ "$(grep -c "the guest printed nothing of its /init:" <<<"$out")" = 2 ] &&
+        [ "$(grep -c "^VM status: paused (prelaunch)" <<<"$out")" = 2 ] &&
+        [ "$(grep -c "^EIP=0000fff0" <<<"$out")" = 2 ]
+}
+add_step "testbed: a guest silent from boot leaves QEMU's evidence and is booted once more" harness_silent_guest
+
 # Guest tests: TOPOLOGY GUEST-SCRIPT [HOST-SCRIPT]
 while read -r topology guest host; do
     [ -n "$topology" ] || continue

@@ -50,6 +50,10 @@ enum Command {
         /// Time limit in seconds (default: the topology's vm.timeout_s, else 300).
         #[arg(long)]
         timeout: Option<u64>,
+        /// One more QEMU argument, after the harness's own (e.g. -d for
+        /// QEMU's logs, or -S to start it paused); repeatable.
+        #[arg(long = "qemu-arg", allow_hyphen_values = true)]
+        qemu_args: Vec<String>,
         /// Do not echo the guest console.
         #[arg(long)]
         quiet: bool,
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
             qemu,
             mut firmware_dirs,
             timeout,
+            qemu_args,
             quiet,
         } => {
             if firmware_dirs.is_empty() {
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
                 qemu,
                 firmware_dirs,
                 timeout: timeout.map(Duration::from_secs),
+                extra_qemu_args: qemu_args,
                 echo_console: !quiet,
             };
             match run(&config) {

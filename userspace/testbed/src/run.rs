@@ -58,6 +58,8 @@ pub struct RunConfig {
     pub qemu: PathBuf,
     pub firmware_dirs: Vec<PathBuf>,
     pub timeout: Option<Duration>,
+    /// QEMU arguments after the harness's own.
+    pub extra_qemu_args: Vec<String>,
     /// Echo the guest console as it arrives.
     pub echo_console: bool,
 }
@@ -120,27 +122,37 @@ pub enum RunError {
     Timeout {
         limit: Duration,
         /// Who was stuck: the host request in flight, and whether QEMU's
-        /// monitor still answered.
+        /// monitor still answered; for a guest whose /init never began, the
+        /// vCPU's state as QEMU's monitor gives it (`info status`,
+        /// `info registers`).
         diagnosis: String,
         tail: String,
         stderr: String,
+        /// Whether the guest's /init had begun.
+        guest_started: bool,
     },
     #[error("host script {path} failed: {status}")]
     HostScript { path: PathBuf, status: String },
 }
 
-/// Runs the guest, and boots it once more when its kernel died before the
-/// guest's /init began. Nothing of this project had run by then: the module,
-/// the guest script and the host script all start from /init. Debian's
-/// kernel under TCG died that way once in CI (an `int3` trap in
-/// `sched_clock_cpu` while the kernel unpacked the initramfs), which says
-/// nothing about the code under test; a second death fails the run.
+/// Runs the guest, and boots it once more when its kernel died, or went
+/// silent until the time limit, before the guest's /init began. Nothing of
+/// this project had run by then: the module, the guest script and the host
+/// script all start from /init. Debian's kernel under TCG died that way once
+/// in CI (an `int3` trap in `sched_clock_cpu` while the kernel unpacked the
+/// initramfs), and the testbed's kernel once printed nothing for 120 s while
+/// QEMU ran, which says nothing about the code under test; the first boot's
+/// evidence is printed, and a second failure fails the run.
 pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
     match run_once(config) {
-        Err(error) if died_before_init(&error) => {
+        Err(error) if failed_before_init(&error) => {
             eprintln!(
-                "pcieipc-testbed: QEMU exited before the guest's /init began, so none of the \
-                 run's code had run; booting it once more. The first boot:\n{error}"
+                "pcieipc-testbed: the guest's kernel {} before its /init began, so none of the \
+                 run's code had run; booting it once more. The first boot:\n{error}",
+                match error {
+                    RunError::Timeout { .. } => "went silent",
+                    _ => "died",
+                }
             );
             run_once(config)
         }
@@ -148,9 +160,10 @@ pub fn run(config: &RunConfig) -> Result<RunOutcome, RunError> {
     }
 }
 
-fn died_before_init(error: &RunError) -> bool {
+fn failed_before_init(error: &RunError) -> bool {
     // A QEMU that refused its arguments exits before any boot too, and
-    // would only refuse them again: only a kernel's death is booted anew.
+    // would only refuse them again: only a kernel's death or silence is
+    // booted anew.
     matches!(
         error,
         RunError::QemuExited {
@@ -158,6 +171,12 @@ fn died_before_init(error: &RunError) -> bool {
             tail,
             ..
         } if tail.contains("Kernel panic")
+    ) || matches!(
+        error,
+        RunError::Timeout {
+            guest_started: false,
+            ..
+        }
     )
 }
 
@@ -348,6 +367,7 @@ fn qemu_args(
         args.push("-device".into());
         args.push(device.clone());
     }
+    args.extend(config.extra_qemu_args.iter().cloned());
     args
 }
 
@@ -458,13 +478,21 @@ fn supervise(
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                let diagnosis = diagnose_timeout(&in_flight, host_qmp);
+                let guest_started = console.iter().any(|line| line.contains(MARK_START));
+                let diagnosis = diagnose_timeout(&in_flight, host_qmp, guest_started);
                 let stderr = stop_and_collect(&mut qemu, stderr_reader);
+                // What the console held when QEMU died, an unended last line
+                // included (the reader sends it at the end of QEMU's output):
+                // a guest that hung mid-line shows that line.
+                while let Ok(line) = console_rx.recv_timeout(CONSOLE_DRAIN) {
+                    console.push(line);
+                }
                 return Err(RunError::Timeout {
                     limit,
                     diagnosis,
                     tail: tail(&console),
                     stderr,
+                    guest_started,
                 });
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -522,13 +550,19 @@ fn kernel_log_failures(console: &[String]) -> Vec<String> {
 
 /// Answers the guest's requests on ttyS1, one line each way, until the
 /// guest side closes.
+/// How long, after QEMU was killed, the console's last lines may take to
+/// arrive.
+const CONSOLE_DRAIN: Duration = Duration::from_secs(2);
+
 /// The guest's request the harness is serving, and since when.
 type InFlight = Arc<Mutex<Option<(String, Instant)>>>;
 
 /// Says, for a run that timed out, whether the harness was waiting on QEMU for
 /// a guest's request and whether QEMU's monitor still answers: a stuck QEMU
-/// and a stuck guest look the same on the console.
-fn diagnose_timeout(in_flight: &InFlight, host_qmp: &Path) -> String {
+/// and a stuck guest look the same on the console. For a guest whose /init
+/// never began (a kernel silent from boot), also where its vCPU is: QEMU's
+/// `info status` and `info registers`.
+fn diagnose_timeout(in_flight: &InFlight, host_qmp: &Path, guest_started: bool) -> String {
     let request = match &*in_flight.lock().unwrap_or_else(|e| e.into_inner()) {
         Some((request, since)) => format!(
             "the guest's request `{request}` was waiting on QEMU for {:.0?}",
@@ -536,9 +570,15 @@ fn diagnose_timeout(in_flight: &InFlight, host_qmp: &Path) -> String {
         ),
         None => "no request of the guest was waiting on QEMU".to_string(),
     };
-    let monitor = match Qmp::connect_with_timeout(host_qmp, MONITOR_PROBE_TIMEOUT)
-        .and_then(|mut q| q.execute("query-status", json!({})))
-    {
+    let mut qmp = match Qmp::connect_with_timeout(host_qmp, MONITOR_PROBE_TIMEOUT) {
+        Ok(qmp) => qmp,
+        Err(err) => {
+            return format!(
+                "{request}; QEMU's monitor did not answer within {MONITOR_PROBE_TIMEOUT:?} ({err})"
+            )
+        }
+    };
+    let monitor = match qmp.execute("query-status", json!({})) {
         Ok(status) => format!(
             "QEMU's monitor answered (status {})",
             status.get("status").and_then(|s| s.as_str()).unwrap_or("?")
@@ -547,7 +587,16 @@ fn diagnose_timeout(in_flight: &InFlight, host_qmp: &Path) -> String {
             format!("QEMU's monitor did not answer within {MONITOR_PROBE_TIMEOUT:?} ({err})")
         }
     };
-    format!("{request}; {monitor}")
+    if guest_started {
+        return format!("{request}; {monitor}");
+    }
+    let evidence = ["info status", "info registers"]
+        .map(|command| match qmp.hmp(command) {
+            Ok(text) => format!("QEMU's `{command}`:\n{}", text.trim_end()),
+            Err(err) => format!("QEMU's `{command}` failed: {err}"),
+        })
+        .join("\n");
+    format!("{request}; {monitor}; the guest printed nothing of its /init:\n{evidence}\n")
 }
 
 fn serve_control(stream: UnixStream, qmp: &mut Qmp, in_flight: &InFlight) {
@@ -713,7 +762,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_death_before_init_boots_again() {
+    fn only_a_death_or_silence_before_init_boots_again() {
         let exited = |guest_started, tail: &str| RunError::QemuExited {
             status: "exit status: 0".into(),
             stderr: String::new(),
@@ -721,17 +770,21 @@ mod tests {
             guest_started,
         };
         let panic = "Kernel panic - not syncing: Fatal exception in interrupt";
-        assert!(died_before_init(&exited(false, panic)));
+        assert!(failed_before_init(&exited(false, panic)));
         // Once /init ran, a death may be the module's or the script's.
-        assert!(!died_before_init(&exited(true, panic)));
+        assert!(!failed_before_init(&exited(true, panic)));
         // QEMU dropping its monitor over bad arguments is no boot at all.
-        assert!(!died_before_init(&exited(false, "(connection closed)")));
-        let timeout = RunError::Timeout {
+        assert!(!failed_before_init(&exited(false, "(connection closed)")));
+        let timeout = |guest_started| RunError::Timeout {
             limit: Duration::from_secs(20),
             diagnosis: String::new(),
             tail: String::new(),
             stderr: String::new(),
+            guest_started,
         };
-        assert!(!died_before_init(&timeout));
+        // A kernel silent from boot is booted again; a guest stuck in its
+        // script (the module's or the script's doing) is not.
+        assert!(failed_before_init(&timeout(false)));
+        assert!(!failed_before_init(&timeout(true)));
     }
 }
