@@ -50,9 +50,9 @@ check "the instance is gone" [ -z "$(ls $T/instances)" ]
 
 echo "--- tracefs, no module: COMP_TIME, BAD_TLP, MALF_TLP injected on rp2"
 follow --json
-host hmp "pcie_aer_inject_error rp2 COMP_TIME" > /dev/null
-host hmp "pcie_aer_inject_error rp2 BAD_TLP" > /dev/null
-host hmp "pcie_aer_inject_error rp2 MALF_TLP" > /dev/null
+inject rp2 COMP_TIME
+inject rp2 BAD_TLP
+inject rp2 MALF_TLP
 stop 3
 cat /tmp/mon.out
 check "monitor followed tracefs only (no module)" sh -c 'grep -q "following tracefs (instance /sys/kernel/tracing/instances/pcieipc-monitor-" /tmp/mon.err && ! grep -q "following module" /tmp/mon.err'
@@ -71,7 +71,7 @@ check "Malformed TLP is bit 18" grep -q '{"bit":18,"name":"Malformed TLP","short
 
 echo "--- no tracefs (wrong root): the aer_dev_* counters, UNSUP injected on rp2"
 follow --json --tracefs-root /nonexistent --poll-ms 100
-host hmp "pcie_aer_inject_error rp2 UNSUP" > /dev/null
+inject rp2 UNSUP
 stop 1
 cat /tmp/mon.err /tmp/mon.out
 check "monitor says it falls back to the counters" \
@@ -89,7 +89,7 @@ echo "--- module loaded: its events and the tracepoints' in one stream (retrain,
 insmod /lib/modules/pcieipc.ko
 follow --json
 pcieipc link retrain 0000:01:00.0 > /dev/null
-host hmp "pcie_aer_inject_error rp1 COMP_TIME" > /dev/null
+inject rp1 COMP_TIME
 stop 5
 cat /tmp/mon.out
 check "monitor followed the module and tracefs" grep -q "following module (/dev/pcieipc), tracefs" /tmp/mon.err

@@ -10,9 +10,10 @@ check "an AER error on rp1 fails the wait on ivs0 with EIO; the wait on ivs1 run
     pcieipc device wait 1 1 --last-seen 1000000 --timeout-ms 3000 2>/tmp/ivs1 &
     b=$!
     sleep 0.5
-    host hmp "pcie_aer_inject_error rp1 COMP_TIME" >/dev/null
-    ! wait $a; cat /tmp/ivs0; grep -q EIO /tmp/ivs0 &&
-    ! wait $b; cat /tmp/ivs1; grep -q "timed out" /tmp/ivs1'
+    inject rp1 COMP_TIME || exit 1
+    ! wait $a; failed0=$?; cat /tmp/ivs0
+    ! wait $b; failed1=$?; cat /tmp/ivs1
+    [ "$failed0" = 0 ] && grep -q EIO /tmp/ivs0 && [ "$failed1" = 0 ] && grep -q "timed out" /tmp/ivs1'
 check "recovery resumed ivs0: bound again, and its doorbell vector still counts" sh -c "
     dmesg | grep -i 'AER\|recover' | tail -5
     pcieipc device list | grep -q '^0 0000:01:00.0 1af4:1110 Ivshmem Bound' &&

@@ -19,7 +19,7 @@ monitor=$!
 i=0; until grep -qs following /tmp/monitor.err || [ $i -ge 100 ]; do i=$((i + 1)); sleep 0.1; done
 cat /tmp/monitor.err
 pcieipc link retrain 0000:01:00.0
-host hmp "pcie_aer_inject_error rp1 COMP_TIME" > /dev/null
+inject rp1 COMP_TIME
 wait $monitor
 echo "--- events (pcieipc monitor: source, CLOCK_MONOTONIC time, source's sequence number, device)"
 cat /tmp/events.txt
@@ -35,8 +35,12 @@ check "events: the recovery on 01:00.0, [14] CmpltTO non-fatal: error_detected, 
 check "events: five, in this order: retrain, report, recovery" \
     [ "$(cut -c1-8 /tmp/events.txt | tr -s ' \n' ' ')" = "module tracefs module module module " ]
 echo "--- AllReduce over the module: 2 ranks, data in ivs0/ivs1's shared BAR window, doorbells, MSI-X waits"
-# (stderr through cat: no progress bar on the serial console)
-pcieipc bench --transport pcieipc --nranks 2 -b 8 -e 256K -f 8 -n 5 -w 1 --chunk-bytes 16K -c 1 2>&1 | cat
+# (stderr through a file: no progress bar on the serial console)
+check "AllReduce over the module: every size exact" sh -c '
+    pcieipc bench --transport pcieipc --nranks 2 -b 8 -e 256K -f 8 -n 5 -w 1 --chunk-bytes 16K -c 2 > /tmp/bench.txt 2>&1
+    rc=$?; cat /tmp/bench.txt >&2
+    [ "$rc" = 0 ] && grep -q "^# Out of bounds values : 0 OK" /tmp/bench.txt'
+cat /tmp/bench.txt
 rmmod pcieipc
 echo "pcieipc unloaded"
 summary

@@ -6,7 +6,7 @@
 # module is loaded but bound to neither. QEMU sets a root port's link to
 # 2.5 GT/s x1 when an uncorrectable error is injected there, and a retrain
 # does not bring it back: rank 1 retrains to 2.5 GT/s x1, and the chunk
-# follows it (1 MiB, then 64 KiB). Every run is a checked sweep (-c 1).
+# follows it (1 MiB, then 64 KiB). Every run is a checked sweep (-c 2: every call).
 export PCIEIPC_LINK_TRACEFS=1
 check "insmod pcieipc.ko; unbind ivs0 and ivs1 from it" sh -c '
     insmod /lib/modules/pcieipc.ko &&
@@ -18,7 +18,7 @@ check "insmod pcieipc.ko; unbind ivs0 and ivs1 from it" sh -c '
 # and ivs1, retraining a degraded link after a recovery; a Completion
 # Timeout injected on rp2 once the first row is out.
 sweep() {
-    inject_mid_sweep "$1" rp2 COMP_TIME --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 \
+    inject_mid_sweep "$1" rp2 COMP_TIME --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 2 \
         --link-of 0000:01:00.0,0000:02:00.0 --retrain-degraded
 }
 # rows OUT FIRST LAST: 5 rows, no wrong element, the first row's chunk FIRST

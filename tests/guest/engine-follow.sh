@@ -4,7 +4,7 @@
 # follows its errors and link through the kernel's tracepoints
 # (engine-aer.toml, the module not loaded: ivs0 0000:01:00.0 below rp1,
 # ivs1 0000:02:00.0 below rp2 00:11.0; rank r names ivs r). Every run is a
-# checked sweep (-c 1); the last column is the chunk of the row's last call.
+# checked sweep (-c 2: every call); the last column is the chunk of the row's last call.
 export PCIEIPC_LINK_TRACEFS=1
 check "the module is not loaded: ivs0 and ivs1 have no driver" sh -c '
     ! grep -q "^pcieipc " /proc/modules &&
@@ -14,7 +14,7 @@ check "the module is not loaded: ivs0 and ivs1 have no driver" sh -c '
 # injected on rp2 once the first row is out; prints how long the job ran on
 # after the injection.
 sweep() {
-    inject_mid_sweep "$1" rp2 "$2" --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 \
+    inject_mid_sweep "$1" rp2 "$2" --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 2 \
         --link-of 0000:01:00.0,0000:02:00.0 && rc=0 || rc=$?
     echo "$2: the job exited with $rc, $INJECTED_MS ms after the injection" | tee -a /tmp/stalls
     return $rc

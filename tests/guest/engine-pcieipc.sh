@@ -1,7 +1,7 @@
 # The AllReduce engine over the pcieipc transport (engine-pcieipc.toml): rank r
 # of N = 2 and 4 uses the r-th of four ivshmem-doorbell devices of one region,
 # data in the shared BAR2, doorbells and MSI-X waits between ranks. Every run
-# is `pcieipc bench -c 1`, which checks every element of every rank's result
+# is `pcieipc bench -c 2`, which checks every element of every rank's result
 # exactly; the table's count column and both #wrong columns are asserted too.
 check "insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
 check "4 ivshmem-doorbell devices bound, 1 MSI-X vector each" sh -c '
@@ -11,7 +11,7 @@ check "4 ivshmem-doorbell devices bound, 1 MSI-X vector each" sh -c '
 # the output is kept in /tmp/allreduce.out and printed on failure.
 allreduce() {
     count="$1"; shift
-    pcieipc bench --transport pcieipc -n 1 -w 0 -c 1 "$@" > /tmp/allreduce.out 2>&1 &&
+    pcieipc bench --transport pcieipc -n 1 -w 0 -c 2 "$@" > /tmp/allreduce.out 2>&1 &&
     awk -v count="$count" '!/^#/ && NF >= 13 {
             rows++; if ($2 != count || $9 != 0 || $13 != 0) bad++ }
         END { exit !(rows == 1 && !bad) }' /tmp/allreduce.out ||
@@ -41,7 +41,7 @@ for n in 2 4; do
         done
     done
     check "N=$n 8-byte latency over 200 checked iterations" sh -c "
-        pcieipc bench --transport pcieipc --nranks $n --chunk-bytes 64K -b 8 -e 8 -n 200 -w 20 -c 1 > /tmp/latency$n.out 2>&1"
+        pcieipc bench --transport pcieipc --nranks $n --chunk-bytes 64K -b 8 -e 8 -n 200 -w 20 -c 2 > /tmp/latency$n.out 2>&1"
     cat /tmp/latency$n.out
 done
 

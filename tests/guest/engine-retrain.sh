@@ -12,7 +12,7 @@ check "insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
 # port) after its first row.
 retrain_mid_sweep() {
     inject_mid_sweep /tmp/retrain.out rp2 COMP_TIME --transport pcieipc --nranks 2 \
-        -b 1M -e 16M -f 2 -n 5 -w 1 -c 1 --retrain-degraded &&
+        -b 1M -e 16M -f 2 -n 5 -w 1 -c 2 --retrain-degraded &&
         grep -q "^# rank 1 fault [a-z]* call [0-9]*: 0000:02:00.0 Completion Timeout \[14\] non-fatal: await recovery, recovery recovered (resume), retrained: 2.5 GT/s x1, stall [0-9]* us$" /tmp/retrain.out &&
         awk '!/^#/ && NF == 14 { rows++; if ($9 != 0 || $13 != 0) bad++; chunk[rows] = $14 }
             END { exit !(rows == 5 && !bad && chunk[1] == 1048576 && chunk[5] == 65536) }' /tmp/retrain.out

@@ -3,13 +3,13 @@
 # reports reaches no driver below the port, so the module never sees it; the
 # ras:aer_event tracepoint does. engine-aer.toml: rank r uses ivs r below its
 # own 16 GT/s x16 root port (1 MiB chunks while healthy). Every run is a
-# checked sweep (-c 1); the last column is the chunk of the row's last call.
+# checked sweep (-c 2: every call); the last column is the chunk of the row's last call.
 check "insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
 
 # sweep_with_error OUT: a checked 1 MiB..16 MiB sweep on 2 ranks, a
 # correctable Bad TLP injected on rp2 (ivs1's port) after the first row.
 sweep_with_error() {
-    inject_mid_sweep "$1" rp2 BAD_TLP --transport pcieipc --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 1
+    inject_mid_sweep "$1" rp2 BAD_TLP --transport pcieipc --nranks 2 -b 1M -e 16M -f 2 -n 5 -w 1 -c 2
 }
 # chunks OUT FIRST LAST: 5 rows, no wrong element, the first row's chunk
 # FIRST and the last row's LAST.

@@ -10,6 +10,9 @@ check "AER: COMP_TIME injected on rp1 reaches the guest's AER driver" sh -c '
             dmesg | grep -q "\[14\] CmpltTO" && exit 0
         sleep 0.1
     done; dmesg | grep -i aer; exit 1'
+check "an injection QEMU does not take (no port rp9) fails, saying what QEMU answered" sh -c '
+    ! inject rp9 COMP_TIME 2>/tmp/e; refused=$?; cat /tmp/e
+    [ "$refused" = 0 ] && grep -q "^QEMU did not take COMP_TIME on rp9: " /tmp/e'
 check "hot-unplug of td0 (00:11.0/00.0) removes it from the guest" sh -c '
     host unplug td0 &&
     ! grep -q 0x0005 /sys/bus/pci/devices/*/device'

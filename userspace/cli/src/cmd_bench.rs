@@ -71,8 +71,11 @@ pub struct Args {
     /// Untimed warm-up iterations per size.
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
     warmup_iters: usize,
-    /// Check results (1) or not (0).
-    #[arg(short = 'c', long = "check", value_name = "0|1", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    /// Check results: 0 not, 1 one call per size and placement (as
+    /// nccl-tests), 2 every call, warm-up and timed, each one at a time
+    /// (the timed calls' time excludes their checks, so it is not the
+    /// back-to-back time of 0 and 1).
+    #[arg(short = 'c', long = "check", value_name = "0|1|2", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
     check: u8,
     /// Element type: float, double, half, bfloat16, int32, int64, uint8.
     #[arg(
@@ -239,6 +242,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.min_bytes,
             args.max_bytes
         );
+    }
+    if args.check == 2 && args.graph {
+        bail!("-c 2 checks each call on its own: it cannot time a graph replay (-G)");
     }
     match (args.rank, args.rendezvous.clone()) {
         (Some(rank), Some(rendezvous)) => run_rank(&args, rank, &rendezvous),
@@ -645,52 +651,44 @@ fn measure<C: Collective, T: BenchElement>(
         }
     };
     let mut wrong = [0i64];
-    if let Some(expected) = expected {
-        call(comm, &mut output)?;
-        wrong[0] = comm
-            .download(&output)?
-            .iter()
-            .zip(expected)
-            .filter(|(got, want)| got != want)
-            .count() as i64;
-        comm.host().all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
-    }
-    for _ in 0..args.warmup_iters {
-        queue(comm, &mut output)?;
-    }
-    comm.wait_queued()?;
-    let graph = if args.graph {
-        comm.begin_graph()?;
-        for _ in 0..args.iters {
-            queue(comm, &mut output)?;
-        }
-        let graph = comm.end_graph()?;
-        // The first replay uploads the graph: untimed.
-        graph.launch().context("replaying the CUDA graph")?;
-        comm.wait_queued()?;
-        Some(graph)
-    } else {
-        None
-    };
-    let faults_before = minor_page_faults()?;
-    // As nccl-tests: the calls back to back (queued, where the communicator
-    // queues them on a stream), or one replay of them captured in a graph,
-    // then one wait.
-    let started = Instant::now();
-    match &graph {
-        Some(graph) => graph.launch().context("replaying the CUDA graph")?,
-        None => {
-            for _ in 0..args.iters {
-                queue(comm, &mut output)?;
+    let (elapsed, faults) = match expected {
+        Some(expected) if args.check == 2 => {
+            // Each call on its own, its result compared; an in-place call
+            // starts again from the rank's input, as its expected result
+            // assumes. Only the calls are timed.
+            let mut timed = Duration::ZERO;
+            let mut faults = 0;
+            for iteration in 0..args.warmup_iters + args.iters {
+                if in_place {
+                    output = comm.upload(&host_input)?;
+                }
+                let faults_before = minor_page_faults()?;
+                let started = Instant::now();
+                call(comm, &mut output)?;
+                comm.wait_queued()?;
+                if iteration >= args.warmup_iters {
+                    timed += started.elapsed();
+                    faults += minor_page_faults()? - faults_before;
+                }
+                wrong[0] += wrong_elements(comm, &output, expected)?;
             }
+            (timed, faults)
         }
-    }
-    comm.wait_queued()?;
-    let elapsed = started.elapsed();
+        _ => {
+            if let Some(expected) = expected {
+                call(comm, &mut output)?;
+                wrong[0] = wrong_elements(comm, &output, expected)?;
+            }
+            back_to_back(comm, args, &mut output, queue)?
+        }
+    };
     // Before the exchanges below: on a host transport they are calls of the
     // same communicator.
     let chunk_bytes = comm.last_call().map_or(0, |call| call.chunk_bytes);
-    let mut page_faults = [(minor_page_faults()? - faults_before) as i64];
+    if expected.is_some() {
+        comm.host().all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
+    }
+    let mut page_faults = [faults as i64];
     comm.host()
         .all_reduce_in_place(&mut page_faults, ReduceOp::Sum)?;
     // nccl-tests reports the time averaged over ranks.
@@ -707,6 +705,62 @@ fn measure<C: Collective, T: BenchElement>(
         chunk_bytes,
         page_faults: page_faults[0] as u64,
     })
+}
+
+/// How many elements of `output` differ from `expected`.
+fn wrong_elements<C: Collective, T: BenchElement>(
+    comm: &mut C,
+    output: &C::Buffer<T>,
+    expected: &[T],
+) -> anyhow::Result<i64> {
+    Ok(comm
+        .download(output)?
+        .iter()
+        .zip(expected)
+        .filter(|(got, want)| got != want)
+        .count() as i64)
+}
+
+/// The warm-up calls, then the timed ones as nccl-tests times them: back to
+/// back (queued, where the communicator queues them on a stream), or one
+/// replay of them captured in a graph, then one wait. Returns their time and
+/// the minor page faults they took.
+fn back_to_back<C: Collective, T: BenchElement>(
+    comm: &mut C,
+    args: &Args,
+    output: &mut C::Buffer<T>,
+    queue: impl Fn(&mut C, &mut C::Buffer<T>) -> anyhow::Result<()>,
+) -> anyhow::Result<(Duration, u64)> {
+    for _ in 0..args.warmup_iters {
+        queue(comm, output)?;
+    }
+    comm.wait_queued()?;
+    let graph = if args.graph {
+        comm.begin_graph()?;
+        for _ in 0..args.iters {
+            queue(comm, output)?;
+        }
+        let graph = comm.end_graph()?;
+        // The first replay uploads the graph: untimed.
+        graph.launch().context("replaying the CUDA graph")?;
+        comm.wait_queued()?;
+        Some(graph)
+    } else {
+        None
+    };
+    let faults_before = minor_page_faults()?;
+    let started = Instant::now();
+    match &graph {
+        Some(graph) => graph.launch().context("replaying the CUDA graph")?,
+        None => {
+            for _ in 0..args.iters {
+                queue(comm, output)?;
+            }
+        }
+    }
+    comm.wait_queued()?;
+    let elapsed = started.elapsed();
+    Ok((elapsed, minor_page_faults()? - faults_before))
 }
 
 /// Minor page faults of this process so far.
@@ -782,7 +836,7 @@ fn sweep<C: Collective, T: BenchElement>(
         let count = bytes / element_bytes;
         // The step in the message: the bar's position counts finished sizes.
         progress.set_message(format!("size {}/{}: {bytes} B", step + 1, sizes.len()));
-        let reference = (args.check == 1).then(|| expected::<T>(nranks, count, args.op));
+        let reference = (args.check != 0).then(|| expected::<T>(nranks, count, args.op));
         let out_of_place = measure::<C, T>(comm, args, count, false, reference.as_deref())?;
         let in_place = measure::<C, T>(comm, args, count, true, reference.as_deref())?;
         total_wrong += out_of_place.wrong + in_place.wrong;

@@ -209,6 +209,22 @@ fn trace_runs_a_command_merges_its_ranks_and_keeps_its_exit_status() {
         .unwrap();
     assert_eq!(failed.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&failed.stderr).contains("no rank wrote a trace"));
+    // A command that wrote a trace and then failed: the trace is merged and
+    // summarised, and its own status (3) comes back.
+    let traced_then_failed = dir.join("failed.json");
+    let script = "\"$0\" \"$@\" > /dev/null && exit 3";
+    let output = pcieipc()
+        .args(["trace", "-o"])
+        .arg(&traced_then_failed)
+        .args(["--", "sh", "-c", script, env!("CARGO_BIN_EXE_pcieipc")])
+        .args(BENCH)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    check_trace(&traced_then_failed);
+    assert!(String::from_utf8(output.stdout)
+        .unwrap()
+        .contains("slowest step"));
     std::fs::remove_dir_all(dir).unwrap();
 }
 

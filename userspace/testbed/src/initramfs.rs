@@ -64,6 +64,19 @@ echo "@@pcieipc-testbed exit=$rc"
 poweroff -f
 "#;
 
+/// `inject PORT ERROR`: injects the AER error ERROR on the root port PORT
+/// through QEMU's monitor, and fails, saying what QEMU answered, unless QEMU
+/// confirms it ("OK id: PORT ..."): QEMU answers a bad port or error name
+/// with a message, not a failure, so a check that something "goes unseen"
+/// could otherwise pass on nothing injected. A program, as `host` is.
+const INJECT: &str = r#"#!/bin/sh
+reply=$(host hmp "pcie_aer_inject_error $1 $2") || exit 1
+case "$reply" in
+    *"OK id: $1 "*) ;;
+    *) echo "QEMU did not take $2 on $1: $reply" >&2; exit 1 ;;
+esac
+"#;
+
 /// `host VERB ARGS...`: asks the harness on the host to act and prints its
 /// answer; a program rather than a shell function so that `sh -c` and
 /// `check` can use it. Verbs: `hmp COMMAND LINE` (a QEMU monitor command, e.g.
@@ -97,14 +110,17 @@ check() {
 # Returns the job's exit status; INJECTED_MS is how long the job ran on after
 # the injection (to the 10 ms /proc/uptime gives: busybox's date has no
 # sub-second format).
+# An injection QEMU did not take fails the run (status 99, after the job),
+# so that a check that something "goes unseen" cannot pass on nothing.
 inject_mid_sweep() {
     sweep_out="$1"; port="$2"; error="$3"; shift 3
     pcieipc bench "$@" > "$sweep_out" 2>&1 &
     bench=$!
     for i in $(seq 600); do grep -q "^ *1048576 " "$sweep_out" && break; sleep 0.1; done
     injected=$(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime)
-    host hmp "pcie_aer_inject_error $port $error" > /dev/null
+    inject "$port" "$error"; taken=$?
     wait $bench; rc=$?
+    [ "$taken" = 0 ] || rc=99
     INJECTED_MS=$(( $(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime) - injected ))
     cat "$sweep_out"
     return $rc
@@ -154,6 +170,7 @@ pub fn build(contents: &Contents<'_>, staging: &Path, out: &Path) -> Result<(), 
     copy(busybox, &staging.join("bin/busybox"))?;
     write(&staging.join("init"), INIT, true)?;
     write(&staging.join("bin/host"), HOST, true)?;
+    write(&staging.join("bin/inject"), INJECT, true)?;
     write(&staging.join("testbed/lib.sh"), LIB, false)?;
     copy(contents.guest_script, &staging.join("testbed/guest.sh"))?;
     write(
