@@ -2,7 +2,9 @@
 //! `aer_dev_*` counters under `<root>/sys/bus/pci/devices` and turns what
 //! rose since the last poll into events (`counters::delta_event`). The first
 //! reading is the baseline: errors counted before the poller started are not
-//! events. Devices that appear later start from their first reading.
+//! events, unless a baseline kept from an earlier poller (`pcieipc monitor
+//! --store`) says where that one stopped. Devices that appear later start
+//! from their first reading.
 
 use std::{
     collections::BTreeMap,
@@ -17,10 +19,12 @@ use crate::probe::attributes::{parse_aer_counters, AerCounterFile};
 
 pub struct CounterPoller {
     devices_dir: PathBuf,
-    /// (device, index into `counters::FILES`) -> last reading.
-    last: BTreeMap<(String, usize), AerCounterFile>,
+    last: CounterReadings,
     next_seq: u64,
 }
+
+/// (device, index into `counters::FILES`) -> its last reading.
+pub type CounterReadings = BTreeMap<(String, usize), AerCounterFile>;
 
 /// What one poll gave: the events, and the files that could not be read or
 /// parsed (reported by the caller; the others are still polled).
@@ -33,6 +37,18 @@ pub struct CounterBatch {
 impl CounterPoller {
     /// Takes the baseline; fails when no device has counters.
     pub fn open(sysfs_root: &Path) -> Result<CounterPoller, SourceError> {
+        CounterPoller::open_from(sysfs_root, &CounterReadings::new())
+    }
+
+    /// As `open`, but files that `kept` has a reading of start from that
+    /// reading: what rose since an earlier poller's last poll becomes the
+    /// first poll's events, so a restarted monitor misses nothing. (A file
+    /// whose count went down since, a device removed and found again, starts
+    /// anew as `counters::delta_event` says.)
+    pub fn open_from(
+        sysfs_root: &Path,
+        kept: &CounterReadings,
+    ) -> Result<CounterPoller, SourceError> {
         let mut poller = CounterPoller {
             devices_dir: sysfs_root.join("sys/bus/pci/devices"),
             last: BTreeMap::new(),
@@ -47,7 +63,17 @@ impl CounterPoller {
                 path: poller.devices_dir,
             });
         }
+        for (key, reading) in poller.last.iter_mut() {
+            if let Some(earlier) = kept.get(key) {
+                reading.clone_from(earlier);
+            }
+        }
         Ok(poller)
+    }
+
+    /// The last reading of every file: what the next poll compares with.
+    pub fn readings(&self) -> &CounterReadings {
+        &self.last
     }
 
     /// The devices whose counters are followed.
@@ -201,6 +227,36 @@ mod tests {
         assert!(batch.events.is_empty());
         assert_eq!(batch.problems.len(), 1);
         assert!(batch.problems[0].to_string().contains("aer_dev_fatal"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_kept_baseline_turns_rises_while_stopped_into_the_first_events() {
+        let root = fake_sysfs("kept");
+        let device = "0000:00:10.0";
+        write(
+            &root,
+            device,
+            "aer_dev_correctable",
+            "BadTLP 4\nTOTAL_ERR_COR 4\n",
+        );
+        let kept = CounterPoller::open(&root).unwrap().readings().clone();
+        // Two more while no poller ran.
+        write(
+            &root,
+            device,
+            "aer_dev_correctable",
+            "BadTLP 6\nTOTAL_ERR_COR 6\n",
+        );
+        let mut restarted = CounterPoller::open_from(&root, &kept).unwrap();
+        let batch = restarted.poll(5).unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.events[0].occurrences, Some(2));
+        assert_eq!(batch.events[0].errors[0].short, "BadTLP");
+        assert_eq!(restarted.readings()[&(device.to_string(), 0)].total, 6);
+        // A fresh poller takes what is there as its baseline.
+        let mut fresh = CounterPoller::open(&root).unwrap();
+        assert!(fresh.poll(6).unwrap().events.is_empty());
         fs::remove_dir_all(&root).unwrap();
     }
 
