@@ -5,6 +5,7 @@
 pub mod device;
 pub mod engine;
 pub mod event_source;
+pub mod event_store;
 pub mod events;
 pub mod plan;
 pub mod probe;
