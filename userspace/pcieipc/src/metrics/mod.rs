@@ -25,9 +25,10 @@ use crate::probe::nvlink::NvmlAnswers;
 use crate::probe::watch::WindowedHealth;
 use crate::probe::{LinkState, Topology};
 
-/// The address `pcieipc monitor --metrics` and the service listen on by
-/// default: next to node_exporter's 9100, and not among the ports
-/// Prometheus' list of exporters hands out.
+/// The address the service listens on (and the one `--metrics` errors
+/// suggest): loopback, a port in the exporters' range 9100-9999. That range
+/// is wholly allocated on Prometheus' list by now, so where another exporter
+/// has 9773, `--metrics` takes any other.
 pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9773";
 
 /// What the monitor's sources delivered since it started.
