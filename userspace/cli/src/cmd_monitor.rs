@@ -253,12 +253,21 @@ impl Printer<'_> {
     fn print(&mut self, mut events: Vec<Event>, settled_ns: Option<u64>) -> anyhow::Result<bool> {
         let room = self.count.map(|count| count.saturating_sub(self.printed));
         let reached = room.is_some_and(|room| events.len() as u64 >= room);
-        if let Some(room) = room {
+        let mut settled_ns = settled_ns;
+        if let Some(room) = room.filter(|room| (*room as usize) < events.len()) {
+            // The events left out must be found again by a later monitor: no
+            // baseline that accounts for them is kept.
+            let first_left_out = events[room as usize].timestamp_ns;
+            settled_ns = Some(
+                settled_ns
+                    .map_or(first_left_out, |s| s.min(first_left_out))
+                    .saturating_sub(1),
+            );
             events.truncate(room as usize);
         }
         // Stored before printed: an event the store refused is not shown as kept.
         if let Some(store) = self.store.as_mut() {
-            store.write(&events, if reached { None } else { settled_ns })?;
+            store.write(&events, settled_ns)?;
         }
         if let Some((counts, following_tracefs)) = &self.counts {
             // A panicked scrape leaves the counts as they were: still usable.
