@@ -496,6 +496,57 @@ mod tests {
     }
 
     #[test]
+    fn nvlink_state_where_nvml_answers() {
+        let root =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs/h200-2gpu-vm");
+        let nvml = crate::probe::NvmlFixture::new(&root.join("nvml.json"));
+        let mut scraper = Scraper::new(
+            &root,
+            Path::new("/nonexistent"),
+            Duration::from_secs(60),
+            HealthModel::default(),
+            Some(Box::new(nvml)),
+        );
+        let page = scraper.page(&EventCounts::default()).unwrap();
+        // Two H200s joined by 18 links each (NV18).
+        let up: Vec<&str> = page
+            .lines()
+            .filter(|line| line.starts_with("pcieipc_nvlink_up{"))
+            .collect();
+        assert_eq!(up.len(), 36, "{up:?}");
+        assert!(up.iter().all(|line| line.ends_with(" 1")));
+        assert_eq!(
+            sample(
+                &page,
+                "pcieipc_nvlink_up",
+                &[
+                    r#"bdf="0000:00:06.0""#,
+                    r#"gpu="0""#,
+                    r#"link="17""#,
+                    r#"remote="0000:00:07.0""#
+                ]
+            ),
+            Some(1.0)
+        );
+        // Their own links (no port above them in the VM): Gen5 x16.
+        let gpu1 = [r#"bdf="0000:00:07.0""#, r#"gpu="1""#];
+        assert_eq!(sample(&page, "pcieipc_link_speed_gts", &gpu1), Some(32.0));
+        assert_eq!(sample(&page, "pcieipc_link_width", &gpu1), Some(16.0));
+        // Without NVML (a copied tree), no NVLink metrics.
+        let mut without = Scraper::new(
+            &root,
+            Path::new("/nonexistent"),
+            Duration::from_secs(60),
+            HealthModel::default(),
+            None,
+        );
+        assert!(!without
+            .page(&EventCounts::default())
+            .unwrap()
+            .contains("pcieipc_nvlink_up{"));
+    }
+
+    #[test]
     fn events_count_only_where_the_kernel_has_no_counters() {
         let mut counts = EventCounts::default();
         // A root port without counters in this tree (a made-up one) and
