@@ -7,11 +7,15 @@
 //! from their first reading.
 
 use std::{
-    collections::BTreeMap,
+    collections::{btree_map::Entry, BTreeMap, BTreeSet},
     fs,
-    io::ErrorKind,
+    io::{ErrorKind, Read},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
 };
+
+use nix::fcntl::{open, openat, OFlag};
+use nix::sys::stat::Mode;
 
 use super::{counters, SourceError};
 use crate::events::Event;
@@ -19,6 +23,12 @@ use crate::probe::attributes::{parse_aer_counters, AerCounterFile};
 
 pub struct CounterPoller {
     devices_dir: PathBuf,
+    /// Each device's directory, opened once: opening the counter files by
+    /// their full paths walked each device's link and deep directory again
+    /// at every poll, most of a poll's time.
+    device_dirs: BTreeMap<String, OwnedFd>,
+    /// One read buffer for every file (a counter file is under a page).
+    buffer: Vec<u8>,
     last: CounterReadings,
     next_seq: u64,
 }
@@ -51,6 +61,8 @@ impl CounterPoller {
     ) -> Result<CounterPoller, SourceError> {
         let mut poller = CounterPoller {
             devices_dir: sysfs_root.join("sys/bus/pci/devices"),
+            device_dirs: BTreeMap::new(),
+            buffer: vec![0; 8192],
             last: BTreeMap::new(),
             next_seq: 0,
         };
@@ -94,28 +106,55 @@ impl CounterPoller {
         devices.sort();
         let mut batch = CounterBatch::default();
         let mut seen = BTreeMap::new();
-        for device in devices {
+        for device in &devices {
+            let dir = match self.device_dirs.entry(device.clone()) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    let path = self.devices_dir.join(device);
+                    match open(
+                        &path,
+                        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    ) {
+                        Ok(fd) => entry.insert(fd),
+                        Err(errno) => {
+                            batch.problems.push(SourceError::io(path, errno.into()));
+                            continue;
+                        }
+                    }
+                }
+            };
+            let mut stale = false;
             for (index, (file, severity)) in counters::FILES.iter().enumerate() {
-                let path = self.devices_dir.join(&device).join(file);
-                let text = match fs::read_to_string(&path) {
-                    Ok(text) => text,
-                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                    Err(source) => {
-                        batch.problems.push(SourceError::io(path, source));
-                        continue;
-                    }
-                };
-                let reading = match parse_aer_counters(&text) {
-                    Ok(reading) => reading,
-                    Err(source) => {
-                        batch.problems.push(SourceError::Counters { path, source });
-                        continue;
-                    }
-                };
                 let key = (device.clone(), index);
+                let path = || self.devices_dir.join(device).join(file);
+                let length = match read_at(dir, file, &mut self.buffer) {
+                    Ok(length) => length,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {
+                        // Gone from a directory that had it: the device was
+                        // removed and maybe added again; open it anew.
+                        stale |= self.last.contains_key(&key);
+                        continue;
+                    }
+                    Err(source) => {
+                        batch.problems.push(SourceError::io(path(), source));
+                        continue;
+                    }
+                };
+                let reading =
+                    match parse_aer_counters(&String::from_utf8_lossy(&self.buffer[..length])) {
+                        Ok(reading) => reading,
+                        Err(source) => {
+                            batch.problems.push(SourceError::Counters {
+                                path: path(),
+                                source,
+                            });
+                            continue;
+                        }
+                    };
                 if let Some(before) = self.last.get(&key) {
                     if let Some(mut event) =
-                        counters::delta_event(&device, *severity, before, &reading, now_ns)
+                        counters::delta_event(device, *severity, before, &reading, now_ns)
                     {
                         event.seq = self.next_seq;
                         self.next_seq += 1;
@@ -124,10 +163,33 @@ impl CounterPoller {
                 }
                 seen.insert(key, reading);
             }
+            if stale {
+                self.device_dirs.remove(device);
+            }
         }
+        let listed: BTreeSet<&String> = devices.iter().collect();
+        self.device_dirs.retain(|device, _| listed.contains(device));
         // Devices that went away are forgotten; ones that come back start anew.
         self.last = seen;
         Ok(batch)
+    }
+}
+
+/// Reads the file `name` of the directory `dir` into `buffer`; its length.
+/// Sysfs attributes and regular files give all they have in one read when
+/// the buffer is larger, so a short read ends the file.
+fn read_at(dir: &OwnedFd, name: &str, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
+    let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let mut file = fs::File::from(fd);
+    let mut filled = 0;
+    loop {
+        let count = file.read(&mut buffer[filled..])?;
+        filled += count;
+        if count == 0 || filled < buffer.len() {
+            return Ok(filled);
+        }
+        let grown = buffer.len() * 2;
+        buffer.resize(grown, 0);
     }
 }
 
@@ -257,6 +319,31 @@ mod tests {
         // A fresh poller takes what is there as its baseline.
         let mut fresh = CounterPoller::open(&root).unwrap();
         assert!(fresh.poll(6).unwrap().events.is_empty());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_device_removed_and_added_again_starts_anew() {
+        let root = fake_sysfs("readded");
+        let device = "0000:00:10.0";
+        let cor = |count: u64| format!("BadTLP {count}\nTOTAL_ERR_COR {count}\n");
+        write(&root, device, "aer_dev_correctable", &cor(4));
+        let mut poller = CounterPoller::open(&root).unwrap();
+        let dir = root.join("sys/bus/pci/devices").join(device);
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        write(&root, device, "aer_dev_correctable", &cor(1));
+        // The directory the poller held is gone: nothing read, no event.
+        let gone = poller.poll(1).unwrap();
+        assert!(gone.events.is_empty() && gone.problems.is_empty());
+        // The new one is opened and read as a first reading...
+        assert!(poller.poll(2).unwrap().events.is_empty());
+        assert_eq!(poller.readings()[&(device.to_string(), 0)].total, 1);
+        // ... from which rises are events again.
+        write(&root, device, "aer_dev_correctable", &cor(3));
+        let batch = poller.poll(3).unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.events[0].occurrences, Some(2));
         fs::remove_dir_all(&root).unwrap();
     }
 
