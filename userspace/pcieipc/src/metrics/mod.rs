@@ -12,9 +12,10 @@
 
 pub mod scrape;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use prometheus::{Encoder, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Encoder, TextEncoder};
 
 use crate::device::ModuleVersion;
 use crate::event_source::counters::{counter_names, FILES};
@@ -23,7 +24,7 @@ use crate::events::{Event, EventKind, EventSource};
 use crate::probe::names::class_name;
 use crate::probe::nvlink::NvmlAnswers;
 use crate::probe::watch::WindowedHealth;
-use crate::probe::{LinkState, Topology};
+use crate::probe::{Bdf, LinkState, Topology};
 
 /// The address the service listens on (and the one `--metrics` errors
 /// suggest): loopback, a port in the exporters' range 9100-9999. That range
@@ -102,104 +103,139 @@ pub struct Scrape<'a> {
     pub nvml: Option<&'a NvmlAnswers>,
 }
 
-const DEVICE_LABELS: [&str; 4] = ["bdf", "class", "driver", "gpu"];
+/// One family of the page, filled in the client's data model
+/// (`prometheus::proto`) and written by its encoder. A registry of metric
+/// vectors built anew at each scrape cost most of a scrape in allocation
+/// (`scripts/bench-monitor-cpu.sh`); the page is read state, not state kept.
+struct Family(MetricFamily);
 
-fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
-    let vec = GaugeVec::new(Opts::new(name, help), labels).expect("a valid metric name");
-    registry
-        .register(Box::new(vec.clone()))
-        .expect("each name registered once");
-    vec
+impl Family {
+    fn new(name: &str, help: &str, kind: MetricType) -> Family {
+        let mut family = MetricFamily::default();
+        family.set_name(name.to_string());
+        family.set_help(help.to_string());
+        family.set_field_type(kind);
+        Family(family)
+    }
+
+    /// A sample; `labels` in name order, as Prometheus' own clients write them.
+    fn add(&mut self, labels: &[(&str, &str)], value: f64) {
+        let mut metric = Metric::from_label(
+            labels
+                .iter()
+                .map(|(name, value)| {
+                    let mut pair = LabelPair::default();
+                    pair.set_name((*name).to_string());
+                    pair.set_value((*value).to_string());
+                    pair
+                })
+                .collect(),
+        );
+        if self.0.get_field_type() == MetricType::COUNTER {
+            let mut counter = Counter::default();
+            counter.set_value(value);
+            metric.set_counter(counter);
+        } else {
+            let mut gauge = Gauge::default();
+            gauge.set_value(value);
+            metric.set_gauge(gauge);
+        }
+        self.0.mut_metric().push(metric);
+    }
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let vec = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric name");
-    registry
-        .register(Box::new(vec.clone()))
-        .expect("each name registered once");
-    vec
+/// A device's labels: bus id, class name, driver, GPU number ("" where none).
+struct DeviceLabels {
+    bdf: String,
+    class: &'static str,
+    driver: String,
+    gpu: String,
+}
+
+impl DeviceLabels {
+    fn pairs(&self) -> [(&str, &str); 4] {
+        [
+            ("bdf", &self.bdf),
+            ("class", self.class),
+            ("driver", &self.driver),
+            ("gpu", &self.gpu),
+        ]
+    }
+
+    fn aer_pairs<'a>(&'a self, severity: &'a str, error: &'a str) -> [(&'a str, &'a str); 6] {
+        [
+            ("bdf", &self.bdf),
+            ("class", self.class),
+            ("driver", &self.driver),
+            ("error", error),
+            ("gpu", &self.gpu),
+            ("severity", severity),
+        ]
+    }
 }
 
 /// The page, in Prometheus' text format.
 pub fn render(scrape: &Scrape) -> String {
-    let registry = Registry::new();
-    let speed = gauge(
-        &registry,
+    use MetricType::{COUNTER, GAUGE};
+    let mut speed = Family::new(
         "pcieipc_link_speed_gts",
         "Current speed of the link above the device, GT/s per lane.",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let width = gauge(
-        &registry,
+    let mut width = Family::new(
         "pcieipc_link_width",
         "Current width of the link above the device, lanes.",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let max_speed = gauge(
-        &registry,
+    let mut max_speed = Family::new(
         "pcieipc_link_max_speed_gts",
         "The highest speed both ends of the link can do, GT/s per lane.",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let max_width = gauge(
-        &registry,
+    let mut max_width = Family::new(
         "pcieipc_link_max_width",
         "The widest both ends of the link can do, lanes.",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let degraded = gauge(
-        &registry,
+    let mut degraded = Family::new(
         "pcieipc_link_degraded",
         "1 when the link runs below what both ends can do and it is not a GPU's idle downshift.",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let health = gauge(
-        &registry,
+    let mut health = Family::new(
         "pcieipc_health_score",
         "(1 - correctable/1e6)(1 - uncorrectable/1e4) on the device's lifetime AER counters; without counters, its link's state.",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let health_window = gauge(
-        &registry,
+    let mut health_window = Family::new(
         "pcieipc_health_score_window",
         "The health score on the AER errors within the monitor's --window (probe --watch's formula).",
-        &DEVICE_LABELS,
+        GAUGE,
     );
-    let aer_labels = ["bdf", "class", "driver", "gpu", "severity", "error"];
-    let aer = counter(
-        &registry,
+    let mut aer = Family::new(
         "pcieipc_aer_errors_total",
         "AER errors by the kernel's name of the status bit: the kernel's aer_dev_* counters, or for devices without them the monitor's events.",
-        &aer_labels,
+        COUNTER,
     );
-    let events = counter(
-        &registry,
+    let mut events = Family::new(
         "pcieipc_events_total",
         "Events the monitor's sources delivered since it started.",
-        &["source", "kind"],
+        COUNTER,
     );
-    let module_loaded = gauge(
-        &registry,
+    let mut module_loaded = Family::new(
         "pcieipc_module_loaded",
         "1 when the pcieipc kernel module is loaded.",
-        &[],
+        GAUGE,
     );
-    let module_info = IntGaugeVec::new(
-        Opts::new(
-            "pcieipc_module_info",
-            "The loaded module's ABI (major.minor) and version, as PCIEIPC_IOC_VERSION reports them.",
-        ),
-        &["abi", "version"],
-    )
-    .expect("a valid metric name");
-    registry
-        .register(Box::new(module_info.clone()))
-        .expect("each name registered once");
-    let nvlink_up = gauge(
-        &registry,
+    let mut module_info = Family::new(
+        "pcieipc_module_info",
+        "The loaded module's ABI (major.minor) and version, as PCIEIPC_IOC_VERSION reports them.",
+        GAUGE,
+    );
+    let mut nvlink_up = Family::new(
         "pcieipc_nvlink_up",
         "1 when NVML reports the GPU's NVLink active, 0 when inactive.",
-        &["bdf", "gpu", "link", "remote"],
+        GAUGE,
     );
 
     let topology = scrape.topology;
@@ -207,45 +243,37 @@ pub fn render(scrape: &Scrape) -> String {
     for (number, index) in topology.gpus().into_iter().enumerate() {
         gpu_numbers.insert(index, number.to_string());
     }
-    let mut labels_of_bdf = BTreeMap::new();
+    let mut probed = BTreeSet::new();
     for (index, device) in topology.devices.iter().enumerate() {
-        let bdf = device.bdf.to_string();
-        let labels = [
-            bdf.clone(),
-            device
-                .class_code
-                .map(class_name)
-                .unwrap_or_default()
-                .to_string(),
-            device.driver.clone().unwrap_or_default(),
-            gpu_numbers.get(&index).cloned().unwrap_or_default(),
-        ];
-        let label_refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let labels = DeviceLabels {
+            bdf: device.bdf.to_string(),
+            class: device.class_code.map(class_name).unwrap_or_default(),
+            driver: device.driver.clone().unwrap_or_default(),
+            gpu: gpu_numbers.get(&index).cloned().unwrap_or_default(),
+        };
+        let pairs = labels.pairs();
         if let Some(link) = topology.link_above(index) {
             if let Some(value) = link.current_speed {
-                speed
-                    .with_label_values(&label_refs)
-                    .set(value.gigatransfers_per_second());
+                speed.add(&pairs, value.gigatransfers_per_second());
             }
             if let Some(value) = link.current_width {
-                width.with_label_values(&label_refs).set(value.into());
+                width.add(&pairs, value.into());
             }
             if let Some(value) = link.max_speed {
-                max_speed
-                    .with_label_values(&label_refs)
-                    .set(value.gigatransfers_per_second());
+                max_speed.add(&pairs, value.gigatransfers_per_second());
             }
             if let Some(value) = link.max_width {
-                max_width.with_label_values(&label_refs).set(value.into());
+                max_width.add(&pairs, value.into());
             }
             if link.state != LinkState::Unknown {
-                degraded
-                    .with_label_values(&label_refs)
-                    .set(f64::from(u8::from(link.state == LinkState::Degraded)));
+                degraded.add(
+                    &pairs,
+                    f64::from(u8::from(link.state == LinkState::Degraded)),
+                );
             }
         }
         if let Some(score) = device.health {
-            health.with_label_values(&label_refs).set(score);
+            health.add(&pairs, score);
         }
         let in_window = scrape
             .window
@@ -254,7 +282,7 @@ pub fn render(scrape: &Scrape) -> String {
             .ok()
             .and_then(|found| scrape.window.devices[found].health);
         if let Some(score) = in_window {
-            health_window.with_label_values(&label_refs).set(score);
+            health_window.add(&pairs, score);
         }
         let files = [
             &device.aer.correctable,
@@ -275,46 +303,41 @@ pub fn render(scrape: &Scrape) -> String {
                     .iter()
                     .find(|(counted, _)| counted == name)
                     .map_or(0, |(_, count)| *count);
-                aer.with_label_values(&[
-                    label_refs[0],
-                    label_refs[1],
-                    label_refs[2],
-                    label_refs[3],
-                    severity_name(severity),
-                    name,
-                ])
-                .inc_by(count);
+                aer.add(
+                    &labels.aer_pairs(severity_name(severity), name),
+                    count as f64,
+                );
             }
         }
-        labels_of_bdf.insert(bdf, (labels, device.aer_reported()));
-    }
-    for ((bdf, severity, error), count) in &scrape.events.aer_from_events {
-        let (labels, has_counters) = labels_of_bdf.get(bdf).cloned().unwrap_or_else(|| {
-            (
-                [bdf.clone(), String::new(), String::new(), String::new()],
-                false,
-            )
-        });
-        if has_counters {
+        probed.insert(labels.bdf.clone());
+        // The kernel counts this device's errors: its events add nothing.
+        if device.aer_reported() {
             continue;
         }
-        aer.with_label_values(&[
-            labels[0].as_str(),
-            labels[1].as_str(),
-            labels[2].as_str(),
-            labels[3].as_str(),
-            severity,
-            error.as_str(),
-        ])
-        .inc_by(*count);
+        for ((_, severity, error), count) in scrape
+            .events
+            .aer_from_events
+            .range((labels.bdf.clone(), "", String::new())..)
+            .take_while(|((bdf, _, _), _)| *bdf == labels.bdf)
+        {
+            aer.add(&labels.aer_pairs(severity, error), *count as f64);
+        }
     }
-    for ((source, kind), count) in &scrape.events.by_source_and_kind {
-        events
-            .with_label_values(&[*source, kind.as_str()])
-            .inc_by(*count);
+    // Devices the events named that this scrape did not find (removed).
+    for ((bdf, severity, error), count) in &scrape.events.aer_from_events {
+        if !probed.contains(bdf) {
+            let gone = DeviceLabels {
+                bdf: bdf.clone(),
+                class: "",
+                driver: String::new(),
+                gpu: String::new(),
+            };
+            aer.add(&gone.aer_pairs(severity, error), *count as f64);
+        }
     }
-    // Every source and kind from zero, so that the first event of a kind
-    // is an increase Prometheus sees.
+    // Every source and kind from zero, so that the first event of a kind is
+    // an increase Prometheus sees.
+    let mut event_counts: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     for source in [
         EventSource::Module,
         EventSource::Tracefs,
@@ -322,33 +345,37 @@ pub fn render(scrape: &Scrape) -> String {
     ] {
         for kind in [
             "aer",
+            "device_gone",
             "link_change",
             "link_retrain",
-            "reset",
-            "device_gone",
             "overflow",
+            "reset",
         ] {
-            events.with_label_values(&[source.name(), kind]).inc_by(0);
+            event_counts.insert((source.name(), kind), 0);
         }
     }
-    module_loaded
-        .with_label_values::<&str>(&[])
-        .set(f64::from(u8::from(scrape.module.loaded)));
+    for ((source, kind), count) in &scrape.events.by_source_and_kind {
+        event_counts.insert((source, kind.as_str()), *count);
+    }
+    for ((source, kind), count) in event_counts {
+        events.add(&[("kind", kind), ("source", source)], count as f64);
+    }
+    module_loaded.add(&[], f64::from(u8::from(scrape.module.loaded)));
     if let Some(version) = &scrape.module.version {
-        module_info
-            .with_label_values(&[
-                &format!("{}.{}", version.abi_major, version.abi_minor),
-                &version.module_version,
-            ])
-            .set(1);
+        module_info.add(
+            &[
+                (
+                    "abi",
+                    &format!("{}.{}", version.abi_major, version.abi_minor),
+                ),
+                ("version", &version.module_version),
+            ],
+            1.0,
+        );
     }
     if let Some(answers) = scrape.nvml {
         for gpu in &answers.gpus {
-            let Some(bdf) = gpu
-                .pci_bus_id
-                .ok()
-                .and_then(|id| id.parse::<crate::probe::Bdf>().ok())
-            else {
+            let Some(bdf) = gpu.pci_bus_id.ok().and_then(|id| id.parse::<Bdf>().ok()) else {
                 continue;
             };
             let number = topology
@@ -362,23 +389,44 @@ pub fn render(scrape: &Scrape) -> String {
                 let remote = link
                     .remote_pci_bus_id
                     .ok()
-                    .and_then(|id| id.parse::<crate::probe::Bdf>().ok())
+                    .and_then(|id| id.parse::<Bdf>().ok())
                     .map(|remote| remote.to_string())
                     .unwrap_or_default();
-                nvlink_up
-                    .with_label_values(&[
-                        &bdf.to_string(),
-                        &number,
-                        &link.link.to_string(),
-                        &remote,
-                    ])
-                    .set(f64::from(u8::from(*active)));
+                nvlink_up.add(
+                    &[
+                        ("bdf", &bdf.to_string()),
+                        ("gpu", &number),
+                        ("link", &link.link.to_string()),
+                        ("remote", &remote),
+                    ],
+                    f64::from(u8::from(*active)),
+                );
             }
         }
     }
+    let mut families: Vec<MetricFamily> = [
+        speed,
+        width,
+        max_speed,
+        max_width,
+        degraded,
+        health,
+        health_window,
+        aer,
+        events,
+        module_loaded,
+        module_info,
+        nvlink_up,
+    ]
+    .into_iter()
+    .map(|family| family.0)
+    // The encoder refuses a family without samples.
+    .filter(|family| !family.get_metric().is_empty())
+    .collect();
+    families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut page = Vec::new();
     TextEncoder::new()
-        .encode(&registry.gather(), &mut page)
+        .encode(&families, &mut page)
         .expect("writing into memory");
     // The encoder writes UTF-8 from UTF-8 names and labels.
     String::from_utf8(page).expect("UTF-8")
