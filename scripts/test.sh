@@ -67,6 +67,7 @@ engine-aer.toml engine-tracefs.sh
 engine-aer.toml engine-fatal.sh
 engine-aer.toml engine-retrain.sh
 engine-aer.toml engine-follow.sh
+fabric.toml monitor-service.sh
 LIST
 
 # The same guest scripts on Debian's packaged kernel (its vmlinuz, the
