@@ -7,6 +7,8 @@
 #   - QEMU 10.0 from bookworm-backports (7.2 cannot deliver correctable AER errors)
 #   - rust-src equal to the installed rustc (the kernel needs core's source)
 #   - bindgen-cli (kernel build and the UAPI bindings) and libclang >= 17 (PyPI wheel)
+#   - Prometheus (the server and promtool: the metrics tests) and node_exporter (the monitor's
+#     cost benchmark), without starting their services
 # Idempotent: a second run only checks.
 source "$(dirname "$0")/common.sh"
 
@@ -29,6 +31,33 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get -q install -y --no-install-recommends "${missing[@]}" >/dev/null ||
         die "apt-get install ${missing[*]} failed"
 fi
+
+# Packages whose postinst starts a daemon: where no systemd runs (a container),
+# invoke-rc.d would start it through its init script and leave it running. A
+# policy-rc.d that answers 101 ("action forbidden") for the install keeps them
+# stopped; the tests start their own, on loopback, in temporary directories.
+SERVICE_PACKAGES=(prometheus prometheus-node-exporter)
+missing=()
+for p in "${SERVICE_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "apt: installing ${missing[*]} (their services not started)"
+    export DEBIAN_FRONTEND=noninteractive
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+    fi
+    apt-get -q update >/dev/null || die "apt-get update failed"
+    installed=0
+    apt-get -q install -y --no-install-recommends "${missing[@]}" >/dev/null && installed=1
+    [ "$own_policy" = 0 ] || rm -f "$policy"
+    [ "$installed" = 1 ] || die "apt-get install ${missing[*]} failed"
+fi
+for tool in prometheus promtool prometheus-node-exporter; do
+    command -v "$tool" >/dev/null || die "$tool is not on PATH after installing ${SERVICE_PACKAGES[*]}"
+done
 
 # QEMU 10 from bookworm-backports, unpacked beside the system's 7.2 (whose
 # libraries it shares), used through its own firmware directory.

@@ -24,6 +24,7 @@ add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check -
 add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'
 add_step "distro: pcieipc.ko for Debian's packaged kernel, against its headers, with its rustc 1.85 (the MSRV)" 'bash scripts/distro-kmod.sh >/dev/null'
 add_step "distro: the DKMS .deb names what is missing, prepares the headers through its hook, builds, signs, upgrades, removes" 'bash scripts/test-dkms.sh'
+add_step "monitor as a service: store, Prometheus scrape and PromQL, promtool, restart without duplicates, bad stores and addresses" 'bash scripts/test-monitor-service.sh'
 
 # A run past its time limit: killed, exit status 2, and the error says who
 # was stuck (a hang in QEMU and one in the guest look alike on the console).
@@ -84,6 +85,7 @@ engine-aer.toml engine-fatal.sh
 engine-aer.toml engine-retrain.sh
 engine-aer.toml engine-follow.sh
 engine-aer.toml engine-follow-retrain.sh
+fabric.toml monitor-service.sh
 LIST
 
 # The same guest scripts on Debian's packaged kernel (its vmlinuz, the

@@ -2,9 +2,18 @@
 //! retrains, device removal) from the module's /dev/pcieipc (devices it
 //! binds), the kernel's tracepoints through tracefs (every device) or, where
 //! tracing is unavailable, the kernel's AER counters; as lines or JSON lines,
-//! each marked with its source.
+//! each marked with its source. With `--store` every event printed is also
+//! appended to an event store, with `--metrics` a Prometheus page is served
+//! (`monitor_service`).
 
-use std::{io::Write, os::fd::AsFd, path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    io::Write,
+    os::fd::AsFd,
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::{bail, Context};
 use nix::{
@@ -17,13 +26,18 @@ use nix::{
 use pcieipc::{
     device::{Device, DeviceError, DEFAULT_PATH},
     event_source::{
-        merge::Merger, monotonic_now_ns, sysfs_counters::CounterPoller, tracefs::TraceSession,
+        merge::Merger,
+        monotonic_now_ns,
+        sysfs_counters::{CounterPoller, CounterReadings},
+        tracefs::TraceSession,
         DEFAULT_TRACEFS_ROOT,
     },
     events::Event,
+    metrics::EventCounts,
 };
 
 use crate::eprint_line;
+use crate::monitor_service::{self, MetricsServer, StoreWriter};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 enum Source {
@@ -68,6 +82,8 @@ pub struct Args {
     /// How often the counters source reads the counters, in milliseconds.
     #[arg(long, default_value_t = 500)]
     poll_ms: u64,
+    #[command(flatten)]
+    service: monitor_service::Args,
 }
 
 /// Records taken per read of the module.
@@ -90,7 +106,8 @@ fn note(text: &str) {
 /// Opens the sources asked for (or the default set), saying on stderr which
 /// ones run; a source asked for by name that cannot open is an error, a
 /// default one a note.
-fn open_sources(args: &Args) -> anyhow::Result<Sources> {
+/// `kept`: the counters' baseline an event store kept from an earlier monitor.
+fn open_sources(args: &Args, kept: &CounterReadings) -> anyhow::Result<Sources> {
     let following = !args.no_wait || args.seconds.is_some();
     let explicit = !args.source.is_empty();
     let wanted = |source: Source| {
@@ -131,7 +148,7 @@ fn open_sources(args: &Args) -> anyhow::Result<Sources> {
         }
     }
     if (explicit && args.source.contains(&Source::Counters)) || (!explicit && trace_failed) {
-        match CounterPoller::open(&args.sysfs_root) {
+        match CounterPoller::open_from(&args.sysfs_root, kept) {
             Ok(poller) => sources.counters = Some(poller),
             Err(err) if !explicit => reasons.push(format!("counters: {err}")),
             Err(err) => return Err(err).context("the counters source"),
@@ -222,11 +239,45 @@ struct Printer<'a> {
     count: Option<u64>,
     printed: u64,
     out: std::io::StdoutLock<'a>,
+    /// Where every printed event is also stored (`--store`).
+    store: Option<StoreWriter>,
+    /// What `--metrics` counts; `following_tracefs` as `EventCounts::record` says.
+    counts: Option<(Arc<Mutex<EventCounts>>, bool)>,
 }
 
 impl Printer<'_> {
-    /// Prints `events`; false once `--count` is reached.
-    fn print(&mut self, events: Vec<Event>) -> anyhow::Result<bool> {
+    /// Stores and prints `events` (those up to `--count`); false once
+    /// `--count` is reached. `settled_ns`: no source will deliver an event
+    /// older than this any more (`None`: the last call), which says which
+    /// counter baseline the store may keep with them.
+    fn print(&mut self, mut events: Vec<Event>, settled_ns: Option<u64>) -> anyhow::Result<bool> {
+        let room = self.count.map(|count| count.saturating_sub(self.printed));
+        let reached = room.is_some_and(|room| events.len() as u64 >= room);
+        let mut settled_ns = settled_ns;
+        if let Some(room) = room.filter(|room| (*room as usize) < events.len()) {
+            // The events left out must be found again by a later monitor: no
+            // baseline that accounts for them is kept.
+            let first_left_out = events[room as usize].timestamp_ns;
+            settled_ns = Some(
+                settled_ns
+                    .map_or(first_left_out, |s| s.min(first_left_out))
+                    .saturating_sub(1),
+            );
+            events.truncate(room as usize);
+        }
+        // Stored before printed: an event the store refused is not shown as kept.
+        if let Some(store) = self.store.as_mut() {
+            store.write(&events, settled_ns)?;
+        }
+        if let Some((counts, following_tracefs)) = &self.counts {
+            // A panicked scrape leaves the counts as they were: still usable.
+            let mut counts = counts
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for event in &events {
+                counts.record(event, *following_tracefs);
+            }
+        }
         for event in events {
             if self.json {
                 serde_json::to_writer(&mut self.out, &event).context("writing JSON")?;
@@ -235,13 +286,9 @@ impl Printer<'_> {
                 writeln!(self.out, "{event}")?;
             }
             self.printed += 1;
-            if self.count.is_some_and(|count| self.printed >= count) {
-                self.out.flush()?;
-                return Ok(false);
-            }
         }
         self.out.flush()?;
-        Ok(true)
+        Ok(!reached)
     }
 }
 
@@ -252,13 +299,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let following = !args.no_wait || args.seconds.is_some();
+    // Blocked before any thread starts (the metrics listener's included), so
+    // that SIGTERM reaches the loop below, which removes the tracing instance.
     let signal_fd = if following { Some(signals()?) } else { None };
-    let mut sources = open_sources(&args)?;
+    // The address is checked and bound, and the store opened, before any
+    // source: a wrong flag fails at once, and nothing is read from the
+    // module's backlog that could not be kept.
+    let metrics = args.service.bind_metrics()?;
+    let mut store = args.service.open_store(&args.sysfs_root)?;
+    let kept = match &store {
+        Some(store) => store.kept_baseline()?,
+        None => CounterReadings::new(),
+    };
+    let mut sources = open_sources(&args, &kept)?;
+    if let (Some(store), Some(counters)) = (store.as_mut(), sources.counters.as_ref()) {
+        store.note_poll(0, counters.readings());
+    }
+    let counts = metrics
+        .map(|server: MetricsServer| server.serve(&args.sysfs_root, &args.path, &args.service));
     let mut printer = Printer {
         json: args.json,
         count: args.count,
         printed: 0,
         out: std::io::stdout().lock(),
+        store,
+        counts: counts.map(|counts| (counts, sources.trace.is_some())),
     };
     let mut merger = Merger::new(REORDER_WINDOW.as_nanos() as u64);
     let start = monotonic_now_ns();
@@ -272,10 +337,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             next_counters = now + poll_every;
         }
         merger.push(read_sources(&mut sources, now, poll_counters)?);
+        if poll_counters {
+            if let (Some(store), Some(counters)) = (printer.store.as_mut(), &sources.counters) {
+                store.note_poll(now, counters.readings());
+            }
+        }
         if !following || deadline.is_some_and(|d| now >= d) {
             break;
         }
-        if !printer.print(merger.ready(now))? {
+        let settled = now.saturating_sub(REORDER_WINDOW.as_nanos() as u64);
+        if !printer.print(merger.ready(now), Some(settled))? {
             return Ok(ExitCode::SUCCESS);
         }
         // Sleep until a source has something, the next counters poll, the
@@ -324,6 +395,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             break;
         }
     }
-    printer.print(merger.drain())?;
+    printer.print(merger.drain(), None)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -9,10 +9,12 @@ use clap::{Parser, Subcommand};
 mod bench_collective;
 mod cmd_bench;
 mod cmd_device;
+mod cmd_events;
 mod cmd_link;
 mod cmd_monitor;
 mod cmd_probe;
 mod cmd_trace;
+mod monitor_service;
 mod probe_watch;
 
 #[derive(Parser)]
@@ -37,8 +39,11 @@ enum Command {
     Device(cmd_device::Args),
     /// Link status, retraining and watching of any PCI function (needs the module).
     Link(cmd_link::Args),
-    /// Stream AER, link and device events (module, tracefs, AER counters) until interrupted.
+    /// Stream AER, link and device events (module, tracefs, AER counters) until interrupted;
+    /// store them (--store) and serve Prometheus metrics (--metrics).
     Monitor(cmd_monitor::Args),
+    /// The events a monitor stored (--store): listed, or counted per device and error.
+    Events(cmd_events::Args),
     Trace(cmd_trace::Args),
 }
 
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
         Command::Device(args) => cmd_device::run(args),
         Command::Link(args) => cmd_link::run(args),
         Command::Monitor(args) => cmd_monitor::run(args),
+        Command::Events(args) => cmd_events::run(args),
         Command::Trace(args) => cmd_trace::run(args),
     };
     match result {

@@ -5,7 +5,9 @@
 pub mod device;
 pub mod engine;
 pub mod event_source;
+pub mod event_store;
 pub mod events;
+pub mod metrics;
 pub mod plan;
 pub mod probe;
 pub mod trace;

@@ -30,6 +30,20 @@ const MORE_UNCORRECTABLE: [(u8, &str); 6] = [
     (31, "TLPXlatBlocked"),
 ];
 
+/// The names the kernel's counter file of `severity` lists, in bit order
+/// (the spec's table, and aer.c's further uncorrectable names).
+pub fn counter_names(severity: Severity) -> Vec<&'static str> {
+    if severity == Severity::Correctable {
+        CORRECTABLE.iter().map(|b| b.short).collect()
+    } else {
+        UNCORRECTABLE
+            .iter()
+            .map(|b| b.short)
+            .chain(MORE_UNCORRECTABLE.iter().map(|(_, short)| *short))
+            .collect()
+    }
+}
+
 /// The status bit a counter name stands for.
 pub fn counter_bit(name: &str, severity: Severity) -> Option<u8> {
     if let Some(position) = name
@@ -124,6 +138,14 @@ MisIDETLP 0\nPCRC_CHECK 0\nTLPXlatBlocked 0\nTOTAL_ERR_NONFATAL 1\n";
         // A correctable name is not an uncorrectable one.
         assert_eq!(counter_bit("BadTLP", Severity::Fatal), None);
         assert_eq!(counter_bit("NoSuchError", Severity::NonFatal), None);
+        // Every listed name maps back to a bit.
+        for severity in [Severity::Correctable, Severity::NonFatal] {
+            for name in counter_names(severity) {
+                assert!(counter_bit(name, severity).is_some(), "{name}");
+            }
+        }
+        assert_eq!(counter_names(Severity::Fatal).len(), 23);
+        assert_eq!(counter_names(Severity::Correctable)[1], "BadTLP");
     }
 
     #[test]

@@ -2,14 +2,20 @@
 //! `aer_dev_*` counters under `<root>/sys/bus/pci/devices` and turns what
 //! rose since the last poll into events (`counters::delta_event`). The first
 //! reading is the baseline: errors counted before the poller started are not
-//! events. Devices that appear later start from their first reading.
+//! events, unless a baseline kept from an earlier poller (`pcieipc monitor
+//! --store`) says where that one stopped. Devices that appear later start
+//! from their first reading.
 
 use std::{
-    collections::BTreeMap,
+    collections::{btree_map::Entry, BTreeMap, BTreeSet},
     fs,
-    io::ErrorKind,
+    io::{ErrorKind, Read},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
 };
+
+use nix::fcntl::{open, openat, OFlag};
+use nix::sys::stat::Mode;
 
 use super::{counters, SourceError};
 use crate::events::Event;
@@ -17,10 +23,18 @@ use crate::probe::attributes::{parse_aer_counters, AerCounterFile};
 
 pub struct CounterPoller {
     devices_dir: PathBuf,
-    /// (device, index into `counters::FILES`) -> last reading.
-    last: BTreeMap<(String, usize), AerCounterFile>,
+    /// Each device's directory, opened once: opening the counter files by
+    /// their full paths walked each device's link and deep directory again
+    /// at every poll, most of a poll's time.
+    device_dirs: BTreeMap<String, OwnedFd>,
+    /// One read buffer for every file (a counter file is under a page).
+    buffer: Vec<u8>,
+    last: CounterReadings,
     next_seq: u64,
 }
+
+/// (device, index into `counters::FILES`) -> its last reading.
+pub type CounterReadings = BTreeMap<(String, usize), AerCounterFile>;
 
 /// What one poll gave: the events, and the files that could not be read or
 /// parsed (reported by the caller; the others are still polled).
@@ -33,8 +47,22 @@ pub struct CounterBatch {
 impl CounterPoller {
     /// Takes the baseline; fails when no device has counters.
     pub fn open(sysfs_root: &Path) -> Result<CounterPoller, SourceError> {
+        CounterPoller::open_from(sysfs_root, &CounterReadings::new())
+    }
+
+    /// As `open`, but files that `kept` has a reading of start from that
+    /// reading: what rose since an earlier poller's last poll becomes the
+    /// first poll's events, so a restarted monitor misses nothing. (A file
+    /// whose count went down since, a device removed and found again, starts
+    /// anew as `counters::delta_event` says.)
+    pub fn open_from(
+        sysfs_root: &Path,
+        kept: &CounterReadings,
+    ) -> Result<CounterPoller, SourceError> {
         let mut poller = CounterPoller {
             devices_dir: sysfs_root.join("sys/bus/pci/devices"),
+            device_dirs: BTreeMap::new(),
+            buffer: vec![0; 8192],
             last: BTreeMap::new(),
             next_seq: 0,
         };
@@ -47,7 +75,17 @@ impl CounterPoller {
                 path: poller.devices_dir,
             });
         }
+        for (key, reading) in poller.last.iter_mut() {
+            if let Some(earlier) = kept.get(key) {
+                reading.clone_from(earlier);
+            }
+        }
         Ok(poller)
+    }
+
+    /// The last reading of every file: what the next poll compares with.
+    pub fn readings(&self) -> &CounterReadings {
+        &self.last
     }
 
     /// The devices whose counters are followed.
@@ -68,28 +106,55 @@ impl CounterPoller {
         devices.sort();
         let mut batch = CounterBatch::default();
         let mut seen = BTreeMap::new();
-        for device in devices {
+        for device in &devices {
+            let dir = match self.device_dirs.entry(device.clone()) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    let path = self.devices_dir.join(device);
+                    match open(
+                        &path,
+                        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    ) {
+                        Ok(fd) => entry.insert(fd),
+                        Err(errno) => {
+                            batch.problems.push(SourceError::io(path, errno.into()));
+                            continue;
+                        }
+                    }
+                }
+            };
+            let mut stale = false;
             for (index, (file, severity)) in counters::FILES.iter().enumerate() {
-                let path = self.devices_dir.join(&device).join(file);
-                let text = match fs::read_to_string(&path) {
-                    Ok(text) => text,
-                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                    Err(source) => {
-                        batch.problems.push(SourceError::io(path, source));
-                        continue;
-                    }
-                };
-                let reading = match parse_aer_counters(&text) {
-                    Ok(reading) => reading,
-                    Err(source) => {
-                        batch.problems.push(SourceError::Counters { path, source });
-                        continue;
-                    }
-                };
                 let key = (device.clone(), index);
+                let path = || self.devices_dir.join(device).join(file);
+                let length = match read_at(dir, file, &mut self.buffer) {
+                    Ok(length) => length,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {
+                        // Gone from a directory that had it: the device was
+                        // removed and maybe added again; open it anew.
+                        stale |= self.last.contains_key(&key);
+                        continue;
+                    }
+                    Err(source) => {
+                        batch.problems.push(SourceError::io(path(), source));
+                        continue;
+                    }
+                };
+                let reading =
+                    match parse_aer_counters(&String::from_utf8_lossy(&self.buffer[..length])) {
+                        Ok(reading) => reading,
+                        Err(source) => {
+                            batch.problems.push(SourceError::Counters {
+                                path: path(),
+                                source,
+                            });
+                            continue;
+                        }
+                    };
                 if let Some(before) = self.last.get(&key) {
                     if let Some(mut event) =
-                        counters::delta_event(&device, *severity, before, &reading, now_ns)
+                        counters::delta_event(device, *severity, before, &reading, now_ns)
                     {
                         event.seq = self.next_seq;
                         self.next_seq += 1;
@@ -98,10 +163,33 @@ impl CounterPoller {
                 }
                 seen.insert(key, reading);
             }
+            if stale {
+                self.device_dirs.remove(device);
+            }
         }
+        let listed: BTreeSet<&String> = devices.iter().collect();
+        self.device_dirs.retain(|device, _| listed.contains(device));
         // Devices that went away are forgotten; ones that come back start anew.
         self.last = seen;
         Ok(batch)
+    }
+}
+
+/// Reads the file `name` of the directory `dir` into `buffer`; its length.
+/// Sysfs attributes and regular files give all they have in one read when
+/// the buffer is larger, so a short read ends the file.
+fn read_at(dir: &OwnedFd, name: &str, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
+    let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let mut file = fs::File::from(fd);
+    let mut filled = 0;
+    loop {
+        let count = file.read(&mut buffer[filled..])?;
+        filled += count;
+        if count == 0 || filled < buffer.len() {
+            return Ok(filled);
+        }
+        let grown = buffer.len() * 2;
+        buffer.resize(grown, 0);
     }
 }
 
@@ -201,6 +289,61 @@ mod tests {
         assert!(batch.events.is_empty());
         assert_eq!(batch.problems.len(), 1);
         assert!(batch.problems[0].to_string().contains("aer_dev_fatal"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_kept_baseline_turns_rises_while_stopped_into_the_first_events() {
+        let root = fake_sysfs("kept");
+        let device = "0000:00:10.0";
+        write(
+            &root,
+            device,
+            "aer_dev_correctable",
+            "BadTLP 4\nTOTAL_ERR_COR 4\n",
+        );
+        let kept = CounterPoller::open(&root).unwrap().readings().clone();
+        // Two more while no poller ran.
+        write(
+            &root,
+            device,
+            "aer_dev_correctable",
+            "BadTLP 6\nTOTAL_ERR_COR 6\n",
+        );
+        let mut restarted = CounterPoller::open_from(&root, &kept).unwrap();
+        let batch = restarted.poll(5).unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.events[0].occurrences, Some(2));
+        assert_eq!(batch.events[0].errors[0].short, "BadTLP");
+        assert_eq!(restarted.readings()[&(device.to_string(), 0)].total, 6);
+        // A fresh poller takes what is there as its baseline.
+        let mut fresh = CounterPoller::open(&root).unwrap();
+        assert!(fresh.poll(6).unwrap().events.is_empty());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_device_removed_and_added_again_starts_anew() {
+        let root = fake_sysfs("readded");
+        let device = "0000:00:10.0";
+        let cor = |count: u64| format!("BadTLP {count}\nTOTAL_ERR_COR {count}\n");
+        write(&root, device, "aer_dev_correctable", &cor(4));
+        let mut poller = CounterPoller::open(&root).unwrap();
+        let dir = root.join("sys/bus/pci/devices").join(device);
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        write(&root, device, "aer_dev_correctable", &cor(1));
+        // The directory the poller held is gone: nothing read, no event.
+        let gone = poller.poll(1).unwrap();
+        assert!(gone.events.is_empty() && gone.problems.is_empty());
+        // The new one is opened and read as a first reading...
+        assert!(poller.poll(2).unwrap().events.is_empty());
+        assert_eq!(poller.readings()[&(device.to_string(), 0)].total, 1);
+        // ... from which rises are events again.
+        write(&root, device, "aer_dev_correctable", &cor(3));
+        let batch = poller.poll(3).unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.events[0].occurrences, Some(2));
         fs::remove_dir_all(&root).unwrap();
     }
 
