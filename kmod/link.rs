@@ -9,6 +9,7 @@ use kernel::{
 
 use crate::{
     pci_function::{regs, PciFunction},
+    retrain_sequence::{self, retrain_port_link, LinkRegister, RetrainPort, Training},
     uapi,
 };
 
@@ -110,21 +111,6 @@ pub(crate) struct Retrain {
     pub(crate) outcome: Result,
 }
 
-/// Polls the port's Link Training bit until it is clear, up to `limit` from
-/// `start`.
-fn wait_training_done(port: &PciFunction, start: Instant<Monotonic>, limit: Delta) -> Result {
-    loop {
-        let lnksta = port.pcie_read16(regs::PCI_EXP_LNKSTA)?;
-        if lnksta & regs::PCI_EXP_LNKSTA_LT == 0 {
-            return Ok(());
-        }
-        if start.elapsed() > limit {
-            return Err(ETIMEDOUT);
-        }
-        fsleep(Delta::from_millis(1));
-    }
-}
-
 /// The port whose Link Control retrains the link above `function`.
 pub(crate) fn retrain_port(function: &PciFunction) -> Result<PciFunction> {
     function
@@ -133,14 +119,10 @@ pub(crate) fn retrain_port(function: &PciFunction) -> Result<PciFunction> {
         .ok_or(EOPNOTSUPP)
 }
 
-/// Retrains the link above `function` from its upstream port, following
-/// `pcie_retrain_link()` (which modules cannot call): wait for a training in
-/// progress to end (so the new parameters are used), optionally set the
-/// target speed, set Retrain Link (and clear it again on ports with the
-/// erratum the kernel's quirks mark), wait for Link Training to clear, clear
-/// LBMS (which the retrain set). A target speed the caller gave is for this
-/// retrain only: the port's Target Link Speed is put back afterwards, so a
-/// later retrain (the kernel's or ours) trains to the speed it had.
+/// Retrains the link above `function` from its upstream port
+/// (`retrain_sequence` says how), at `target_speed` (0: as the port's Target
+/// Link Speed is set; PCIEIPC_LINK_SPEED_MAX: up to what both ends can do),
+/// within `timeout_ms` (0: the kernel's 1 s).
 pub(crate) fn retrain(
     function: &PciFunction,
     target_speed: u8,
@@ -166,9 +148,16 @@ pub(crate) fn retrain(
             return Err(EINVAL);
         }
     }
-    let limit = Delta::from_millis(i64::from(timeout_ms));
-    let start = Instant::<Monotonic>::now();
-    let outcome = retrain_port_link(&port, target_speed, start, limit);
+    let timed = TimedPort {
+        port: &port,
+        start: Instant::<Monotonic>::now(),
+        limit: Delta::from_millis(i64::from(timeout_ms)),
+    };
+    let outcome = retrain_port_link(&timed, target_speed).map(|training| match training {
+        Training::Done => Ok(()),
+        Training::TimedOut => Err(ETIMEDOUT),
+    });
+    let start = timed.start;
     let elapsed_us = start
         .elapsed()
         .as_micros_ceil()
@@ -181,44 +170,55 @@ pub(crate) fn retrain(
     })
 }
 
-/// The register sequence of a retrain; `Ok(Err(ETIMEDOUT))` when training
-/// did not end within `limit`, `Err` when a config access failed.
-fn retrain_port_link(
-    port: &PciFunction,
-    target_speed: u8,
+// The sequence's own register bits (it builds in userspace too) are the
+// kernel's.
+const _: () = assert!(
+    retrain_sequence::LNKCTL_RL == regs::PCI_EXP_LNKCTL_RL
+        && retrain_sequence::LNKSTA_LT == regs::PCI_EXP_LNKSTA_LT
+        && retrain_sequence::LNKSTA_LBMS == regs::PCI_EXP_LNKSTA_LBMS
+        && retrain_sequence::LNKCTL2_TLS == regs::PCI_EXP_LNKCTL2_TLS
+);
+
+/// A port and the time a retrain of its link may take.
+struct TimedPort<'a> {
+    port: &'a PciFunction,
     start: Instant<Monotonic>,
     limit: Delta,
-) -> Result<Result> {
-    if let Err(e) = wait_training_done(port, start, limit) {
-        return if e == ETIMEDOUT { Ok(Err(e)) } else { Err(e) };
-    }
-    let original_tls = port.pcie_read16(regs::PCI_EXP_LNKCTL2)? & regs::PCI_EXP_LNKCTL2_TLS;
-    let set_tls = target_speed != 0 && u16::from(target_speed) != original_tls;
-    if set_tls {
-        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, u16::from(target_speed))?;
-    }
-    let trained = port
-        .link_control_clear_and_set(0, regs::PCI_EXP_LNKCTL_RL)
-        .and_then(|()| {
-            if port.needs_retrain_bit_cleared() {
-                port.link_control_clear_and_set(regs::PCI_EXP_LNKCTL_RL, 0)
-            } else {
-                Ok(())
-            }
+}
+
+impl RetrainPort for TimedPort<'_> {
+    type Error = Error;
+
+    fn read(&self, register: LinkRegister) -> Result<u16> {
+        self.port.pcie_read16(match register {
+            LinkRegister::Control => regs::PCI_EXP_LNKCTL,
+            LinkRegister::Status => regs::PCI_EXP_LNKSTA,
+            LinkRegister::Control2 => regs::PCI_EXP_LNKCTL2,
         })
-        .and_then(|()| match wait_training_done(port, start, limit) {
-            Err(e) if e == ETIMEDOUT => Ok(Err(e)),
-            other => other.map(Ok),
-        });
-    // Undo what this retrain changed even when it failed.
-    let lbms = port.link_status_clear(regs::PCI_EXP_LNKSTA_LBMS);
-    let tls = if set_tls {
-        port.link_control2_clear_and_set(regs::PCI_EXP_LNKCTL2_TLS, original_tls)
-    } else {
-        Ok(())
-    };
-    let trained = trained?;
-    lbms?;
-    tls?;
-    Ok(trained)
+    }
+
+    fn clear_and_set(&self, register: LinkRegister, clear: u16, set: u16) -> Result {
+        match register {
+            LinkRegister::Control => self.port.link_control_clear_and_set(clear, set),
+            LinkRegister::Control2 => self.port.link_control2_clear_and_set(clear, set),
+            // Link Status has no bits to set.
+            LinkRegister::Status => Err(EINVAL),
+        }
+    }
+
+    fn clear_status(&self, bits: u16) -> Result {
+        self.port.link_status_clear(bits)
+    }
+
+    fn needs_retrain_bit_cleared(&self) -> bool {
+        self.port.needs_retrain_bit_cleared()
+    }
+
+    fn expired(&self) -> bool {
+        self.start.elapsed() > self.limit
+    }
+
+    fn pause(&self) {
+        fsleep(Delta::from_millis(1));
+    }
 }

@@ -33,6 +33,7 @@ mod pci_info;
 mod poll;
 mod recovery;
 mod registry;
+mod retrain_sequence;
 mod text_param;
 mod uapi;
 mod user_mapping;

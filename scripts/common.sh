@@ -14,6 +14,26 @@ KERNEL_SERIES=7.3
 log() { printf '[pcieipc %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[pcieipc] error: %s\n' "$*" >&2; exit 1; }
 
+# A work directory ($work) and the background processes a script starts
+# (their pids appended to $started): all stopped and removed when the script
+# exits, however it exits.
+use_work_dir() {
+    work="$(mktemp -d)"
+    started=()
+    trap stop_started_and_remove_work EXIT
+}
+stop_started_and_remove_work() {
+    local pid
+    for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${started[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+
+# A TCP port free on loopback now.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 # apt-cache over the private sources list of foreign_apt.
 foreign_apt_cache() {
     apt-cache -o Dir::Etc::SourceList="$PCIEIPC_CACHE/apt/sources.list" \

@@ -20,41 +20,36 @@ APT_PACKAGES=(build-essential flex bison bc libelf-dev libssl-dev cpio xz-utils 
 
 mkdir -p "$PCIEIPC_CACHE"
 
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "apt: installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get -q update >/dev/null || die "apt-get update failed"
-    apt-get -q install -y --no-install-recommends "${missing[@]}" >/dev/null ||
-        die "apt-get install ${missing[*]} failed"
-fi
-
-# Packages whose postinst starts a daemon: where no systemd runs (a container),
-# invoke-rc.d would start it through its init script and leave it running. A
-# policy-rc.d that answers 101 ("action forbidden") for the install keeps them
-# stopped; the tests start their own, on loopback, in temporary directories.
-SERVICE_PACKAGES=(prometheus prometheus-node-exporter)
-missing=()
-for p in "${SERVICE_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "apt: installing ${missing[*]} (their services not started)"
-    export DEBIAN_FRONTEND=noninteractive
-    policy=/usr/sbin/policy-rc.d
-    own_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+# apt_install [--no-services] PACKAGE...: installs those not installed yet.
+# --no-services, for packages whose postinst starts a daemon: where no systemd
+# runs (a container), invoke-rc.d would start it through its init script and
+# leave it running. A policy-rc.d that answers 101 ("action forbidden") for the
+# install keeps them stopped; the tests start their own, on loopback, in
+# temporary directories.
+apt_install() {
+    local no_services=0 p missing=() policy=/usr/sbin/policy-rc.d own_policy=0 installed=0
+    if [ "$1" = --no-services ]; then no_services=1; shift; fi
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ "${#missing[@]}" -gt 0 ] || return 0
+    if [ "$no_services" = 1 ]; then
+        log "apt: installing ${missing[*]} (their services not started)"
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+        fi
+    else
+        log "apt: installing ${missing[*]}"
     fi
-    apt-get -q update >/dev/null || die "apt-get update failed"
-    installed=0
-    apt-get -q install -y --no-install-recommends "${missing[@]}" >/dev/null && installed=1
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get -q update >/dev/null &&
+        apt-get -q install -y --no-install-recommends "${missing[@]}" >/dev/null && installed=1
     [ "$own_policy" = 0 ] || rm -f "$policy"
     [ "$installed" = 1 ] || die "apt-get install ${missing[*]} failed"
-fi
+}
+apt_install "${APT_PACKAGES[@]}"
+SERVICE_PACKAGES=(prometheus prometheus-node-exporter)
+apt_install --no-services "${SERVICE_PACKAGES[@]}"
 for tool in prometheus promtool prometheus-node-exporter; do
     command -v "$tool" >/dev/null || die "$tool is not on PATH after installing ${SERVICE_PACKAGES[*]}"
 done

@@ -23,15 +23,7 @@ pcieipc="$PCIEIPC_BIN/pcieipc"
 GPU6=0000:8a:00.0
 UPLINK=0000:08:00.0
 
-work="$(mktemp -d /tmp/pcieipc-monitor-service.XXXXXX)"
-started=()
-cleanup() {
-    local pid
-    for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${started[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+use_work_dir
 
 failures=0
 check() {
@@ -39,9 +31,6 @@ check() {
     if "$@"; then echo "ok: $name"; else echo "FAIL: $name"; failures=$((failures + 1)); fi
 }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 # wait_for SECONDS COMMAND...: until COMMAND succeeds.
 wait_for() {
     local deadline=$(( $(date +%s) + $1 )); shift

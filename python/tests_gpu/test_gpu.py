@@ -32,6 +32,7 @@ def test_cuda_collectives_host_handoff(tmp_path):
     for outcome in outcomes:
         assert outcome.result["mismatches"] == [], outcome.result
         assert outcome.result["hands_off_on_gpu"] is False
+        assert outcome.result["checked"] == 7 * (20 + len(GPUS) + 2) + 4
     print(json.dumps(outcomes[0].result))
 
 

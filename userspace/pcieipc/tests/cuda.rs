@@ -256,6 +256,7 @@ fn every_dtype_and_op(role: Role) {
         "ranks on one GPU must pass the P2P check"
     );
     let mut failures = Vec::new();
+    let mut ran = std::collections::HashSet::new();
     for dtype in DType::ALL {
         let element = dtype.size_bytes();
         let counts = [
@@ -273,12 +274,35 @@ fn every_dtype_and_op(role: Role) {
                 if let Err(failure) = check_dtype(comm, dtype, count, op) {
                     failures.push(failure);
                 }
+                if count > 0 {
+                    ran.extend(comm.last_call().map(|call| call.algorithm));
+                }
+                if count > 0 && count < 64 {
+                    let algorithm = ring.last_call().map(|call| call.algorithm);
+                    if algorithm != Some(Algorithm::Ring) {
+                        failures.push(format!(
+                            "{dtype:?} {op:?} {count}: the forced ring ran {algorithm:?}"
+                        ));
+                    }
+                }
             }
             if let Err(failure) = check_dtype(&mut auto, dtype, 5, op) {
                 failures.push(format!("one-shot: {failure}"));
             }
+            let algorithm = auto.last_call().map(|call| call.algorithm);
+            if algorithm != Some(Algorithm::OneShot) {
+                failures.push(format!(
+                    "{dtype:?} {op:?} 5: auto ran {algorithm:?}, not one-shot"
+                ));
+            }
         }
     }
+    // Both algorithms ran, whatever auto picked at the larger sizes.
+    assert!(
+        ran.contains(&Algorithm::Ring) && ran.contains(&Algorithm::OneShot),
+        "rank {}: algorithms that ran: {ran:?}",
+        role.rank
+    );
     assert!(
         failures.is_empty(),
         "rank {}: {} failures:\n{}",

@@ -9,13 +9,14 @@
 use std::{
     collections::{btree_map::Entry, BTreeMap, BTreeSet},
     fs,
-    io::{ErrorKind, Read},
-    os::fd::OwnedFd,
+    io::ErrorKind,
+    os::{fd::OwnedFd, unix::fs::FileExt},
     path::{Path, PathBuf},
 };
 
 use nix::fcntl::{open, openat, OFlag};
-use nix::sys::stat::Mode;
+use nix::sys::stat::{fstat, Mode};
+use nix::sys::statfs::{fstatfs, SYSFS_MAGIC};
 
 use super::{counters, SourceError};
 use crate::events::Event;
@@ -27,6 +28,8 @@ pub struct CounterPoller {
     /// their full paths walked each device's link and deep directory again
     /// at every poll, most of a poll's time.
     device_dirs: BTreeMap<String, OwnedFd>,
+    /// Each counter file, opened once (same keys as `last`).
+    files: BTreeMap<(String, usize), CounterFile>,
     /// One read buffer for every file (a counter file is under a page).
     buffer: Vec<u8>,
     last: CounterReadings,
@@ -62,6 +65,7 @@ impl CounterPoller {
         let mut poller = CounterPoller {
             devices_dir: sysfs_root.join("sys/bus/pci/devices"),
             device_dirs: BTreeMap::new(),
+            files: BTreeMap::new(),
             buffer: vec![0; 8192],
             last: BTreeMap::new(),
             next_seq: 0,
@@ -78,6 +82,11 @@ impl CounterPoller {
         for (key, reading) in poller.last.iter_mut() {
             if let Some(earlier) = kept.get(key) {
                 reading.clone_from(earlier);
+                // The file's bytes no longer give its last reading: the next
+                // poll parses them and compares with the kept one.
+                if let Some(file) = poller.files.get_mut(key) {
+                    file.bytes.clear();
+                }
             }
         }
         Ok(poller)
@@ -128,30 +137,54 @@ impl CounterPoller {
             for (index, (file, severity)) in counters::FILES.iter().enumerate() {
                 let key = (device.clone(), index);
                 let path = || self.devices_dir.join(device).join(file);
-                let length = match read_at(dir, file, &mut self.buffer) {
-                    Ok(length) => length,
-                    Err(e) if e.kind() == ErrorKind::NotFound => {
-                        // Gone from a directory that had it: the device was
-                        // removed and maybe added again; open it anew.
-                        stale |= self.last.contains_key(&key);
-                        continue;
-                    }
+                if self.files.get(&key).is_some_and(CounterFile::replaced) {
+                    self.files.remove(&key);
+                }
+                let kept = match self.files.entry(key.clone()) {
+                    Entry::Occupied(entry) => entry.into_mut(),
+                    Entry::Vacant(entry) => match CounterFile::open(dir, file) {
+                        Ok(opened) => entry.insert(opened),
+                        Err(e) if e.kind() == ErrorKind::NotFound => {
+                            // Gone from a directory that had it: the device was
+                            // removed and maybe added again; open it anew.
+                            stale |= self.last.contains_key(&key);
+                            continue;
+                        }
+                        Err(source) => {
+                            batch.problems.push(SourceError::io(path(), source));
+                            continue;
+                        }
+                    },
+                };
+                let changed = match kept.reread(&mut self.buffer) {
+                    Ok(changed) => changed,
                     Err(source) => {
-                        batch.problems.push(SourceError::io(path(), source));
+                        self.files.remove(&key);
+                        // ENODEV: a removed device's attribute (sysfs).
+                        if source.raw_os_error() == Some(nix::libc::ENODEV) {
+                            stale = true;
+                        } else {
+                            batch.problems.push(SourceError::io(path(), source));
+                        }
                         continue;
                     }
                 };
-                let reading =
-                    match parse_aer_counters(&String::from_utf8_lossy(&self.buffer[..length])) {
-                        Ok(reading) => reading,
-                        Err(source) => {
-                            batch.problems.push(SourceError::Counters {
-                                path: path(),
-                                source,
-                            });
-                            continue;
-                        }
-                    };
+                if !changed {
+                    if let Some(reading) = self.last.remove(&key) {
+                        seen.insert(key, reading);
+                        continue;
+                    }
+                }
+                let reading = match parse_aer_counters(&String::from_utf8_lossy(&kept.bytes)) {
+                    Ok(reading) => reading,
+                    Err(source) => {
+                        batch.problems.push(SourceError::Counters {
+                            path: path(),
+                            source,
+                        });
+                        continue;
+                    }
+                };
                 if let Some(before) = self.last.get(&key) {
                     if let Some(mut event) =
                         counters::delta_event(device, *severity, before, &reading, now_ns)
@@ -169,27 +202,63 @@ impl CounterPoller {
         }
         let listed: BTreeSet<&String> = devices.iter().collect();
         self.device_dirs.retain(|device, _| listed.contains(device));
+        self.files.retain(|(device, _), _| listed.contains(device));
         // Devices that went away are forgotten; ones that come back start anew.
         self.last = seen;
         Ok(batch)
     }
 }
 
-/// Reads the file `name` of the directory `dir` into `buffer`; its length.
-/// Sysfs attributes and regular files give all they have in one read when
-/// the buffer is larger, so a short read ends the file.
-fn read_at(dir: &OwnedFd, name: &str, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
-    let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
-    let mut file = fs::File::from(fd);
-    let mut filled = 0;
-    loop {
-        let count = file.read(&mut buffer[filled..])?;
-        filled += count;
-        if count == 0 || filled < buffer.len() {
-            return Ok(filled);
+/// One counter file, kept open: on sysfs a read at offset 0 asks the kernel
+/// for the counts anew, so a poll is one pread per file where opening it
+/// again walked its path (most of a poll's time), and a file whose bytes did
+/// not change is not parsed again.
+struct CounterFile {
+    file: fs::File,
+    /// On sysfs. Elsewhere (a copied tree: tests, the CPU bench's fixture)
+    /// a file may be replaced by a rename, which `replaced` notices.
+    on_sysfs: bool,
+    /// What the last read gave.
+    bytes: Vec<u8>,
+}
+
+impl CounterFile {
+    fn open(dir: &OwnedFd, name: &str) -> std::io::Result<CounterFile> {
+        let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
+        let on_sysfs = fstatfs(&fd).is_ok_and(|fs| fs.filesystem_type() == SYSFS_MAGIC);
+        Ok(CounterFile {
+            file: fs::File::from(fd),
+            on_sysfs,
+            bytes: Vec::new(),
+        })
+    }
+
+    /// Whether the open file is no longer the one its name names.
+    fn replaced(&self) -> bool {
+        !self.on_sysfs && fstat(&self.file).is_ok_and(|stat| stat.st_nlink == 0)
+    }
+
+    /// Reads the whole file anew (through `buffer`); whether its bytes
+    /// differ from the last read's. Sysfs attributes and regular files give
+    /// all they have in one read when the buffer is larger, so a short read
+    /// ends the file.
+    fn reread(&mut self, buffer: &mut Vec<u8>) -> std::io::Result<bool> {
+        let mut filled = 0;
+        loop {
+            let count = self.file.read_at(&mut buffer[filled..], filled as u64)?;
+            filled += count;
+            if count == 0 || filled < buffer.len() {
+                break;
+            }
+            let grown = buffer.len() * 2;
+            buffer.resize(grown, 0);
         }
-        let grown = buffer.len() * 2;
-        buffer.resize(grown, 0);
+        let changed = buffer[..filled] != self.bytes[..];
+        if changed {
+            self.bytes.clear();
+            self.bytes.extend_from_slice(&buffer[..filled]);
+        }
+        Ok(changed)
     }
 }
 
@@ -319,6 +388,32 @@ mod tests {
         // A fresh poller takes what is there as its baseline.
         let mut fresh = CounterPoller::open(&root).unwrap();
         assert!(fresh.poll(6).unwrap().events.is_empty());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_file_replaced_by_a_rename_is_read_anew() {
+        let root = fake_sysfs("renamed");
+        let device = "0000:00:10.0";
+        write(
+            &root,
+            device,
+            "aer_dev_correctable",
+            "BadTLP 4\nTOTAL_ERR_COR 4\n",
+        );
+        let mut poller = CounterPoller::open(&root).unwrap();
+        let file = root
+            .join("sys/bus/pci/devices")
+            .join(device)
+            .join("aer_dev_correctable");
+        fs::write(file.with_extension("new"), "BadTLP 7\nTOTAL_ERR_COR 7\n").unwrap();
+        fs::rename(file.with_extension("new"), &file).unwrap();
+        let batch = poller.poll(1).unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!(batch.events[0].occurrences, Some(3));
+        // Unchanged since: no event, the reading kept.
+        assert!(poller.poll(2).unwrap().events.is_empty());
+        assert_eq!(poller.readings()[&(device.to_string(), 0)].total, 7);
         fs::remove_dir_all(&root).unwrap();
     }
 

@@ -685,4 +685,117 @@ mod tests {
             Some(1.0)
         );
     }
+
+    /// A copy of the dgx8 fixture that a test may change; removed on drop.
+    struct CopiedTree(std::path::PathBuf);
+
+    impl CopiedTree {
+        fn of_dgx8(name: &str) -> CopiedTree {
+            let path = std::env::temp_dir().join(format!("pcieipc-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            let copied = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(dgx8())
+                .arg(&path)
+                .status()
+                .expect("run cp");
+            assert!(copied.success());
+            CopiedTree(path)
+        }
+
+        /// The directory of device `bdf`.
+        fn device(&self, bdf: &str) -> std::path::PathBuf {
+            std::fs::canonicalize(self.0.join("sys/bus/pci/devices").join(bdf)).unwrap()
+        }
+    }
+
+    impl Drop for CopiedTree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn each_scrape_sees_links_and_counters_change_and_devices_come_and_go() {
+        use std::os::unix::fs::FileExt;
+
+        let tree = CopiedTree::of_dgx8("scrape-live");
+        let mut scraper = Scraper::new(
+            &tree.0,
+            Path::new("/nonexistent"),
+            Duration::from_secs(60),
+            HealthModel::default(),
+            None,
+        );
+        let uplink = r#"bdf="0000:08:00.0""#;
+        let gpu6 = r#"bdf="0000:8a:00.0""#;
+        let gpu7 = r#"bdf="0000:8b:00.0""#;
+        let bad_tlp = |page: &str| {
+            sample(
+                page,
+                "pcieipc_aer_errors_total",
+                &[gpu6, r#"error="BadTLP""#],
+            )
+        };
+        let page = scraper.page(&EventCounts::default()).unwrap();
+        assert_eq!(sample(&page, "pcieipc_link_width", &[uplink]), Some(8.0));
+        assert_eq!(bad_tlp(&page), Some(GPU6_BAD_TLP));
+
+        // The uplink retrains to x16, written in place into its config
+        // space's LnkSta as the hardware changes it; GPU6 counts 5 more
+        // Bad TLPs, its counter file replaced as a fixture's may be.
+        let config_path = tree.device("0000:08:00.0").join("config");
+        let config = std::fs::read(&config_path).unwrap();
+        let capability = crate::probe::config_space::ConfigSpace::new(&config)
+            .pci_express()
+            .unwrap();
+        let status_at = capability.offset + 0x12;
+        let status = u16::from_le_bytes([config[status_at], config[status_at + 1]]);
+        let x16 = (status & !0x3f0) | (16 << 4);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&config_path)
+            .unwrap()
+            .write_all_at(&x16.to_le_bytes(), status_at as u64)
+            .unwrap();
+        let counters = tree.device("0000:8a:00.0").join("aer_dev_correctable");
+        let text = std::fs::read_to_string(&counters).unwrap();
+        let rose = text.replace("BadTLP 9000", "BadTLP 9005");
+        assert_ne!(rose, text);
+        std::fs::write(counters.with_extension("new"), rose).unwrap();
+        std::fs::rename(counters.with_extension("new"), &counters).unwrap();
+        let page = scraper.page(&EventCounts::default()).unwrap();
+        assert_eq!(sample(&page, "pcieipc_link_width", &[uplink]), Some(16.0));
+        assert_eq!(sample(&page, "pcieipc_link_degraded", &[uplink]), Some(0.0));
+        assert_eq!(bad_tlp(&page), Some(GPU6_BAD_TLP + 5.0));
+
+        // GPU7 removed: gone from the page; found again: back.
+        let listed = tree.0.join("sys/bus/pci/devices/0000:8b:00.0");
+        let target = std::fs::read_link(&listed).unwrap();
+        std::fs::remove_file(&listed).unwrap();
+        let page = scraper.page(&EventCounts::default()).unwrap();
+        assert_eq!(sample(&page, "pcieipc_link_width", &[gpu7]), None);
+        std::os::unix::fs::symlink(&target, &listed).unwrap();
+        let page = scraper.page(&EventCounts::default()).unwrap();
+        assert_eq!(sample(&page, "pcieipc_link_width", &[gpu7]), Some(16.0));
+
+        // GPU6 removed and found again between two scrapes, as a new
+        // directory with a new counter file: read anew, not from the old one.
+        let gpu6_dir = tree.device("0000:8a:00.0");
+        let moved = gpu6_dir.with_extension("old");
+        std::fs::rename(&gpu6_dir, &moved).unwrap();
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&moved)
+            .arg(&gpu6_dir)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        std::fs::remove_dir_all(&moved).unwrap();
+        let counters = gpu6_dir.join("aer_dev_correctable");
+        let text = std::fs::read_to_string(&counters).unwrap();
+        std::fs::write(&counters, text.replace("BadTLP 9005", "BadTLP 9100")).unwrap();
+        let page = scraper.page(&EventCounts::default()).unwrap();
+        assert_eq!(bad_tlp(&page), Some(GPU6_BAD_TLP + 100.0));
+    }
 }

@@ -32,6 +32,9 @@ const PCIE_CAPABILITIES: usize = 0x02;
 const PCIE_LINK_CAPABILITIES: usize = 0x0c;
 const PCIE_LINK_STATUS: usize = 0x12;
 const PCIE_LINK_CONTROL_2: usize = 0x30;
+/// LnkCap to LnkCtl2: what changes of a link, and what it can do.
+pub const PCIE_LINK_REGISTERS: std::ops::Range<usize> =
+    PCIE_LINK_CAPABILITIES..PCIE_LINK_CONTROL_2 + 2;
 
 /// Bytes of one `config` file, possibly cut short (64 bytes unprivileged,
 /// 256 for conventional PCI devices).

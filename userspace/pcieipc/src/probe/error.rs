@@ -17,4 +17,8 @@ pub enum ProbeError {
     /// An attribute file exists and was read but its text is not understood.
     #[error("{path}: malformed attribute")]
     Malformed { path: PathBuf, source: ParseError },
+    /// A device read before no longer answers: removed since (maybe found
+    /// again at the same address, as a new directory).
+    #[error("{path}: the device no longer answers")]
+    Vanished { path: PathBuf, source: io::Error },
 }

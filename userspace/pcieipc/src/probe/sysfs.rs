@@ -6,8 +6,10 @@
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Read;
+use std::io::{self, Read};
+use std::ops::Range;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{open, openat, readlinkat, OFlag};
@@ -15,7 +17,7 @@ use nix::sys::stat::Mode;
 
 use super::attributes::{self, AerCounterFile, Bar, ParseError};
 use super::bdf::Bdf;
-use super::config_space::{ConfigSpace, PciePortType};
+use super::config_space::{ConfigSpace, PciePortType, PCIE_LINK_REGISTERS};
 use super::error::ProbeError;
 use super::link::LinkSpeed;
 
@@ -156,27 +158,11 @@ fn read_device(root: &Path, link_path: &Path, bdf: Bdf) -> Result<SysfsDevice, P
     let link = if pci_express.is_some_and(|capability| capability.link.is_some()) {
         LinkAttributes::default()
     } else {
-        LinkAttributes {
-            current_speed: dir
-                .parse("current_link_speed", attributes::parse_link_speed)?
-                .flatten(),
-            current_width: dir.parse("current_link_width", attributes::parse_link_width)?,
-            max_speed: dir
-                .parse("max_link_speed", attributes::parse_link_speed)?
-                .flatten(),
-            max_width: dir.parse("max_link_width", attributes::parse_link_width)?,
-        }
+        dir.link_attributes()?
     };
     // The kernel creates the aer_rootport_* files on root ports only.
     let may_be_root_port =
         pci_express.is_none_or(|capability| capability.port_type == PciePortType::RootPort);
-    let parse_if_root_port = |name: &str| -> Result<Option<u64>, ProbeError> {
-        if may_be_root_port {
-            dir.parse(name, attributes::parse_count)
-        } else {
-            Ok(None)
-        }
-    };
     Ok(SysfsDevice {
         bdf,
         placement,
@@ -190,14 +176,7 @@ fn read_device(root: &Path, link_path: &Path, bdf: Bdf) -> Result<SysfsDevice, P
         driver: dir.link_name("driver"),
         iommu_group,
         link,
-        aer: AerCounters {
-            correctable: dir.parse("aer_dev_correctable", attributes::parse_aer_counters)?,
-            nonfatal: dir.parse("aer_dev_nonfatal", attributes::parse_aer_counters)?,
-            fatal: dir.parse("aer_dev_fatal", attributes::parse_aer_counters)?,
-            rootport_total_correctable: parse_if_root_port("aer_rootport_total_err_cor")?,
-            rootport_total_nonfatal: parse_if_root_port("aer_rootport_total_err_nonfatal")?,
-            rootport_total_fatal: parse_if_root_port("aer_rootport_total_err_fatal")?,
-        },
+        aer: dir.aer_counters(may_be_root_port)?,
         bars: dir.parse("resource", attributes::parse_resource)?,
         config,
         path: dir.path,
@@ -269,10 +248,153 @@ impl DeviceDir {
         .transpose()
     }
 
+    /// The link attributes, for a reader who cannot see the link registers.
+    fn link_attributes(&self) -> Result<LinkAttributes, ProbeError> {
+        Ok(LinkAttributes {
+            current_speed: self
+                .parse("current_link_speed", attributes::parse_link_speed)?
+                .flatten(),
+            current_width: self.parse("current_link_width", attributes::parse_link_width)?,
+            max_speed: self
+                .parse("max_link_speed", attributes::parse_link_speed)?
+                .flatten(),
+            max_width: self.parse("max_link_width", attributes::parse_link_width)?,
+        })
+    }
+
+    fn aer_counters(&self, may_be_root_port: bool) -> Result<AerCounters, ProbeError> {
+        let parse_if_root_port = |name: &str| -> Result<Option<u64>, ProbeError> {
+            if may_be_root_port {
+                self.parse(name, attributes::parse_count)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(AerCounters {
+            correctable: self.parse("aer_dev_correctable", attributes::parse_aer_counters)?,
+            nonfatal: self.parse("aer_dev_nonfatal", attributes::parse_aer_counters)?,
+            fatal: self.parse("aer_dev_fatal", attributes::parse_aer_counters)?,
+            rootport_total_correctable: parse_if_root_port("aer_rootport_total_err_cor")?,
+            rootport_total_nonfatal: parse_if_root_port("aer_rootport_total_err_nonfatal")?,
+            rootport_total_fatal: parse_if_root_port("aer_rootport_total_err_fatal")?,
+        })
+    }
+
     /// The last component of a symlink's target (`driver`, `iommu_group`).
     fn link_name(&self, name: &str) -> Option<String> {
         let target = PathBuf::from(readlinkat(&self.fd, name).ok()?);
         Some(target.file_name()?.to_string_lossy().into_owned())
+    }
+}
+
+/// The names listed in `<root>/sys/bus/pci/devices`, sorted: what
+/// `read_devices` would read now.
+pub fn list_devices(root: &Path) -> Result<Vec<String>, ProbeError> {
+    let list_dir = root.join("sys/bus/pci/devices");
+    let listing_error = |source| ProbeError::ListDevices {
+        path: list_dir.clone(),
+        source,
+    };
+    let mut names = fs::read_dir(&list_dir)
+        .map_err(listing_error)?
+        .map(|entry| entry.map(|entry| entry.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(listing_error)?;
+    names.sort();
+    Ok(names)
+}
+
+/// What changes while a device runs (its link's status and target speed,
+/// its driver, its AER counters), re-read through its directory and config
+/// file kept open since `read_devices`: a few system calls per device where
+/// a full read takes about twenty, and 40 bytes of config space where a full
+/// read takes all 4096 (each dword a config cycle on real hardware).
+/// `pcieipc monitor --metrics` re-reads these at each scrape, as
+/// node_exporter re-reads its attributes.
+pub struct LiveAttributes {
+    devices: Vec<LiveDevice>,
+}
+
+struct LiveDevice {
+    dir: DeviceDir,
+    /// The config file and where in it the link registers lie, when the
+    /// full read found them there (read as root); else the link attributes
+    /// are re-read.
+    link_registers: Option<(fs::File, Range<usize>)>,
+    may_be_root_port: bool,
+}
+
+impl LiveAttributes {
+    /// Opens what the re-reads of `records` (from `read_devices`) need.
+    pub fn open(records: &[SysfsDevice]) -> Result<LiveAttributes, ProbeError> {
+        let devices = records
+            .iter()
+            .map(|record| {
+                let dir =
+                    DeviceDir::open(record.path.clone()).map_err(|err| ProbeError::Vanished {
+                        path: record.path.clone(),
+                        source: err.into(),
+                    })?;
+                let pci_express = record
+                    .config
+                    .as_deref()
+                    .and_then(|bytes| ConfigSpace::new(bytes).pci_express());
+                let link_registers = match (pci_express, &record.config) {
+                    (Some(capability), Some(bytes)) if capability.link.is_some() => {
+                        let path = record.path.join("config");
+                        let config = fs::File::open(&path)
+                            .map_err(|source| ProbeError::Vanished { path, source })?;
+                        // LnkCtl2 may lie past what was read (a version 1
+                        // capability at the end of a 256-byte space).
+                        let start = capability.offset + PCIE_LINK_REGISTERS.start;
+                        let end = (capability.offset + PCIE_LINK_REGISTERS.end).min(bytes.len());
+                        Some((config, start..end))
+                    }
+                    _ => None,
+                };
+                Ok(LiveDevice {
+                    dir,
+                    link_registers,
+                    may_be_root_port: pci_express
+                        .is_none_or(|capability| capability.port_type == PciePortType::RootPort),
+                })
+            })
+            .collect::<Result<_, ProbeError>>()?;
+        Ok(LiveAttributes { devices })
+    }
+
+    /// Re-reads into `records`, the ones `open` took, in the same order. A
+    /// device whose config file no longer reads, or whose attributes are
+    /// gone, was removed (maybe found again, as a new directory): the error
+    /// says so, and the caller reads the devices anew.
+    pub fn refresh(&self, records: &mut [SysfsDevice]) -> Result<(), ProbeError> {
+        for (live, record) in self.devices.iter().zip(records.iter_mut()) {
+            let vanished = |source: io::Error| ProbeError::Vanished {
+                path: record.path.clone(),
+                source,
+            };
+            match (&live.link_registers, record.config.as_mut()) {
+                (Some((config, range)), Some(bytes)) => {
+                    config
+                        .read_exact_at(&mut bytes[range.clone()], range.start as u64)
+                        .map_err(vanished)?;
+                }
+                _ => {
+                    let link = live.dir.link_attributes()?;
+                    if record.link.current_speed.is_some() && link.current_speed.is_none() {
+                        return Err(vanished(io::ErrorKind::NotFound.into()));
+                    }
+                    record.link = link;
+                }
+            }
+            let aer = live.dir.aer_counters(live.may_be_root_port)?;
+            if record.aer.correctable.is_some() && aer.correctable.is_none() {
+                return Err(vanished(io::ErrorKind::NotFound.into()));
+            }
+            record.aer = aer;
+            record.driver = live.dir.link_name("driver");
+        }
+        Ok(())
     }
 }
 

@@ -216,10 +216,23 @@ impl Topology {
     /// list that cannot be read counts as the module not being loaded: the
     /// probe then says how to load it.
     pub fn from_sysfs_root(root: &Path, health_model: HealthModel) -> Result<Topology, ProbeError> {
-        Ok(Topology {
+        Ok(Topology::from_devices(
+            root,
+            sysfs::read_devices(root)?,
+            health_model,
+        ))
+    }
+
+    /// As `from_sysfs_root`, from devices already read under `root`.
+    pub fn from_devices(
+        root: &Path,
+        records: Vec<SysfsDevice>,
+        health_model: HealthModel,
+    ) -> Topology {
+        Topology {
             link_control: LinkControl::new(root).allowed().ok(),
-            ..Topology::build(sysfs::read_devices(root)?, health_model)
-        })
+            ..Topology::build(records, health_model)
+        }
     }
 
     /// Builds the tree from raw records (any order).

@@ -160,10 +160,28 @@ impl Communicator {
     /// recovery for a non-fatal one, and the communicator's failure, named
     /// for every rank, for a fatal one, a surprise down or a device gone.
     pub(crate) fn follow_link_events(&mut self) -> Result<(), EngineError> {
+        if self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD {
+            return Ok(());
+        }
+        self.poll_link_events()
+    }
+
+    /// Records `failure`, which blames a peer for what this rank read of
+    /// the peer's shared memory, unless this rank's device reports a fault:
+    /// reads through a device in error (its reset in progress reads zeros)
+    /// are no evidence against a peer, and the device's fault is the
+    /// failure then.
+    pub(crate) fn blame_peer(&mut self, failure: Failure) -> EngineError {
+        match self.poll_link_events() {
+            Err(fault) => fault,
+            Ok(()) => self.transport.abort(failure).into(),
+        }
+    }
+
+    /// `follow_link_events` without its period.
+    fn poll_link_events(&mut self) -> Result<(), EngineError> {
         let transport_follows = self.transport.capabilities().link_events;
-        if !(transport_follows || self.followed.is_some())
-            || self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD
-        {
+        if !(transport_follows || self.followed.is_some()) {
             return Ok(());
         }
         self.link_events_polled = Instant::now();
@@ -318,23 +336,24 @@ impl Communicator {
 
     /// `chunk_bytes` as `peer` decided it, if a slot holds such a chunk;
     /// otherwise the peer's shared memory was written by no honest rank.
-    pub(crate) fn check_chunk(&self, peer: usize, chunk_bytes: u32) -> Result<u32, EngineError> {
+    pub(crate) fn check_chunk(
+        &mut self,
+        peer: usize,
+        chunk_bytes: u32,
+    ) -> Result<u32, EngineError> {
         let capacity = self.transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
         if chunk_bytes != 0 && chunk_bytes as usize <= capacity {
             return Ok(chunk_bytes);
         }
-        Err(self
-            .transport
-            .abort(Failure::PeerCorrupt {
-                rank: self.rank,
-                peer,
-                what: Corruption::ChunkSize,
-            })
-            .into())
+        Err(self.blame_peer(Failure::PeerCorrupt {
+            rank: self.rank,
+            peer,
+            what: Corruption::ChunkSize,
+        }))
     }
 
     /// Compares `peer`'s published descriptor of the current call with ours.
-    pub(crate) fn check_call(&self, peer: usize) -> Result<(), EngineError> {
+    pub(crate) fn check_call(&mut self, peer: usize) -> Result<(), EngineError> {
         let Some(call) = self.current_call else {
             return Ok(());
         };
@@ -352,7 +371,7 @@ impl Communicator {
     /// with the data, so this holds however many calls ahead the peer has
     /// run (a broadcast chain lets it run ahead).
     pub(crate) fn check_stamp(
-        &self,
+        &mut self,
         peer: usize,
         stamp: [u64; 4],
     ) -> Result<CallDescriptor, EngineError> {
@@ -377,18 +396,16 @@ impl Communicator {
     /// Records that `peer` made `peer_call` where this rank made `call`, and
     /// returns the failure that stands (another may have been recorded first).
     fn abort_mismatch(
-        &self,
+        &mut self,
         call: CallDescriptor,
         peer: usize,
         peer_call: CallDescriptor,
     ) -> EngineError {
-        self.transport
-            .abort(Failure::MismatchedCall {
-                rank: self.rank,
-                call,
-                peer,
-                peer_call,
-            })
-            .into()
+        self.blame_peer(Failure::MismatchedCall {
+            rank: self.rank,
+            call,
+            peer,
+            peer_call,
+        })
     }
 }

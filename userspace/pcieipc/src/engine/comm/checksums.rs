@@ -360,14 +360,11 @@ impl Communicator {
             reads += 1;
             let check_word = self.stamp_check_word(peer, window);
             if check_word & STAMP_CHECKSUMMED == 0 {
-                return Err(self
-                    .transport
-                    .abort(Failure::PeerCorrupt {
-                        rank: self.rank,
-                        peer,
-                        what: Corruption::ChecksumSetting,
-                    })
-                    .into());
+                return Err(self.blame_peer(Failure::PeerCorrupt {
+                    rank: self.rank,
+                    peer,
+                    what: Corruption::ChecksumSetting,
+                }));
             }
             let checks = self.checks();
             let buffer = match carrier {
@@ -402,16 +399,13 @@ impl Communicator {
                 Carrier::RawSlot | Carrier::RelaySlot => reads < 2 + RESENDS,
             };
             if !resend {
-                return Err(self
-                    .transport
-                    .abort(Failure::DamagedMessage {
-                        rank: self.rank,
-                        peer,
-                        carrier,
-                        message,
-                        reads,
-                    })
-                    .into());
+                return Err(self.blame_peer(Failure::DamagedMessage {
+                    rank: self.rank,
+                    peer,
+                    carrier,
+                    message,
+                    reads,
+                }));
             }
             if reads >= 2 {
                 let stream = match carrier {
@@ -446,7 +440,7 @@ impl Communicator {
     /// Waits until the successor has consumed every message this rank sent,
     /// serving its resends meanwhile: a call ends only when nothing it sent can
     /// still be asked for again.
-    pub(crate) fn drain_streams(&self) -> Result<(), EngineError> {
+    pub(crate) fn drain_streams(&mut self) -> Result<(), EngineError> {
         if self.checksums.is_none() || self.nranks == 1 {
             return Ok(());
         }

@@ -55,7 +55,8 @@ impl Communicator {
         self.transport
             .store(self.rank, Signal::Probed, if able { 2 } else { 3 });
         let mut everyone = able;
-        for peer in (0..self.nranks).filter(|peer| *peer != self.rank) {
+        let rank = self.rank;
+        for peer in (0..self.nranks).filter(|peer| *peer != rank) {
             self.wait_for(peer, peer, Signal::Probed, 2)?;
             everyone &= self.transport.load(peer, Signal::Probed) == 2
                 && self.transport.probe(peer).1 == messages;

@@ -218,7 +218,7 @@ impl Communicator {
     }
 
     /// Checks the stamp `peer` wrote on a window it published.
-    fn read_stamp(&self, peer: usize, window: Window) -> Result<u32, EngineError> {
+    fn read_stamp(&mut self, peer: usize, window: Window) -> Result<u32, EngineError> {
         let start = self
             .transport
             .window(peer, window)

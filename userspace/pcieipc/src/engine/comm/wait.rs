@@ -39,7 +39,7 @@ impl Communicator {
     /// for small messages) for the spin, then waits on the posted counter
     /// as `wait_for` does.
     pub(crate) fn wait_for_one_shot(
-        &self,
+        &mut self,
         owner: usize,
         parity: usize,
         round: u32,
@@ -111,7 +111,7 @@ impl Communicator {
     /// which failures, dead or departed peers, mismatched calls and the
     /// timeout are checked.
     pub(crate) fn wait_for(
-        &self,
+        &mut self,
         peer: usize,
         owner: usize,
         signal: Signal,
@@ -149,7 +149,7 @@ impl Communicator {
     /// futex sleeps in slices, between which failures, dead or departed
     /// peers, mismatched calls and the timeout are checked.
     fn sleep_until(
-        &self,
+        &mut self,
         peer: usize,
         owner: usize,
         signal: Signal,
@@ -157,7 +157,6 @@ impl Communicator {
         started: Instant,
     ) -> Result<(), EngineError> {
         let reached = |value: u32| reached(value, target);
-        let transport = &*self.transport;
         let mut value;
         // Still joining (init's agreements), a peer may be slow to arrive
         // without being stuck: it has the rendezvous's time, not a call's.
@@ -166,22 +165,31 @@ impl Communicator {
         } else {
             self.options.peer_timeout
         };
-        transport.set_blocked_on(Some(peer));
+        self.transport.set_blocked_on(Some(peer));
         let outcome = loop {
             // The peer we wait for may itself wait for a chunk of ours again.
             self.serve_resends();
             // A peer may post what we need and then leave or exit: what it
             // posted stays readable, so progress is checked before failures.
-            value = transport.load(owner, signal);
+            value = self.transport.load(owner, signal);
             if reached(value) {
                 break Ok(());
             }
-            if let Some(failure) = transport.failure() {
+            if let Some(failure) = self.transport.failure() {
                 break Err(failure.into());
+            }
+            // A fault of this rank's device is acted on here, not only at
+            // the next step: a fatal error's reset drops what the ranks
+            // stored through the device meanwhile, so both may wait for a
+            // post that never lands, and the fault, not the peers' timeout,
+            // must end the wait.
+            if let Err(fault) = self.follow_link_events() {
+                break Err(fault);
             }
             if let Err(mismatch) = self.check_call(peer) {
                 break Err(mismatch);
             }
+            let transport = &*self.transport;
             // A rank that exited after dropping its communicator finished
             // cleanly; one that exited without doing so died mid-job.
             let died = transport
@@ -214,7 +222,7 @@ impl Communicator {
                 trace.span(transport.sleep_name(), "sleep", start, Vec::new());
             }
         };
-        transport.set_blocked_on(None);
+        self.transport.set_blocked_on(None);
         outcome
     }
 }
