@@ -720,6 +720,7 @@ fn dgx8_nvswitch_answers() -> pcieipc::probe::NvmlAnswers {
                         version: Answer::Ok(6),
                         remote_pci_bus_id: Answer::Ok(switches[link as usize % 4].to_string()),
                         remote_device_type: Answer::Ok(2),
+                        error_counters: Vec::new(),
                     })
                     .collect(),
             })

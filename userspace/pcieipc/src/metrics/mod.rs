@@ -22,7 +22,7 @@ use crate::event_source::counters::{counter_names, FILES};
 use crate::event_store::record::{kind_name, severity_name};
 use crate::events::{Event, EventKind, EventSource};
 use crate::probe::names::class_name;
-use crate::probe::nvlink::NvmlAnswers;
+use crate::probe::nvlink::{NvmlAnswers, NVLINK_ERROR_COUNTERS};
 use crate::probe::watch::WindowedHealth;
 use crate::probe::{Bdf, LinkState, Topology};
 
@@ -237,6 +237,11 @@ pub fn render(scrape: &Scrape) -> String {
         "1 when NVML reports the GPU's NVLink active, 0 when inactive.",
         GAUGE,
     );
+    let mut nvlink_errors = Family::new(
+        "pcieipc_nvlink_errors_total",
+        "NVML's NVLink error counters (nvmlDeviceGetNvLinkErrorCounter): replay, recovery, crc_flit, crc_data, ecc_data.",
+        COUNTER,
+    );
 
     let topology = scrape.topology;
     let mut gpu_numbers = BTreeMap::new();
@@ -392,15 +397,30 @@ pub fn render(scrape: &Scrape) -> String {
                     .and_then(|id| id.parse::<Bdf>().ok())
                     .map(|remote| remote.to_string())
                     .unwrap_or_default();
+                let (bdf, link_number) = (bdf.to_string(), link.link.to_string());
                 nvlink_up.add(
                     &[
-                        ("bdf", &bdf.to_string()),
+                        ("bdf", &bdf),
                         ("gpu", &number),
-                        ("link", &link.link.to_string()),
+                        ("link", &link_number),
                         ("remote", &remote),
                     ],
                     f64::from(u8::from(*active)),
                 );
+                // A counter NVML does not keep (NOT_SUPPORTED) is left off.
+                for (error, answer) in NVLINK_ERROR_COUNTERS.iter().zip(&link.error_counters) {
+                    if let Some(count) = answer.ok() {
+                        nvlink_errors.add(
+                            &[
+                                ("bdf", &bdf),
+                                ("error", error),
+                                ("gpu", &number),
+                                ("link", &link_number),
+                            ],
+                            *count as f64,
+                        );
+                    }
+                }
             }
         }
     }
@@ -417,6 +437,7 @@ pub fn render(scrape: &Scrape) -> String {
         module_loaded,
         module_info,
         nvlink_up,
+        nvlink_errors,
     ]
     .into_iter()
     .map(|family| family.0)
@@ -440,7 +461,8 @@ mod tests {
     use super::scrape::Scraper;
     use super::*;
     use crate::events::{aer_error_at, Severity};
-    use crate::probe::HealthModel;
+    use crate::probe::nvlink::{Answer, NvmlReturn};
+    use crate::probe::{HealthModel, NvlinkSource};
 
     /// GPU6's Bad TLP count in the fixture's aer_dev_correctable.
     const GPU6_BAD_TLP: f64 = 9_000.0;
@@ -580,6 +602,50 @@ mod tests {
         let gpu1 = [r#"bdf="0000:00:07.0""#, r#"gpu="1""#];
         assert_eq!(sample(&page, "pcieipc_link_speed_gts", &gpu1), Some(32.0));
         assert_eq!(sample(&page, "pcieipc_link_width", &gpu1), Some(16.0));
+        // The captured answers predate the error counters: none shown.
+        assert!(!page.contains("pcieipc_nvlink_errors_total{"));
+        // With them (GPU 0's link 3 counting 7 CRC flit errors, the ECC
+        // counter NOT_SUPPORTED), each counter NVML keeps is a series.
+        let mut answers = nvml_fixture(&root).answers().unwrap();
+        for gpu in &mut answers.gpus {
+            for link in &mut gpu.links {
+                let crc_flit = if gpu.index == 0 && link.link == 3 {
+                    7
+                } else {
+                    0
+                };
+                link.error_counters = vec![
+                    Answer::Ok(0),
+                    Answer::Ok(0),
+                    Answer::Ok(crc_flit),
+                    Answer::Ok(0),
+                    Answer::Error(NvmlReturn::NOT_SUPPORTED),
+                ];
+            }
+        }
+        let mut counting = Scraper::new(
+            &root,
+            Path::new("/nonexistent"),
+            Duration::from_secs(60),
+            HealthModel::default(),
+            Some(Box::new(Answered(answers))),
+        );
+        let page = counting.page(&EventCounts::default()).unwrap();
+        let gpu0_link3 = [r#"bdf="0000:00:06.0""#, r#"gpu="0""#, r#"link="3""#];
+        assert_eq!(
+            sample(
+                &page,
+                "pcieipc_nvlink_errors_total",
+                &[gpu0_link3.as_slice(), &[r#"error="crc_flit""#]].concat()
+            ),
+            Some(7.0)
+        );
+        let series = page
+            .lines()
+            .filter(|line| line.starts_with("pcieipc_nvlink_errors_total{"))
+            .count();
+        assert_eq!(series, 2 * 18 * 4, "two GPUs, 18 links, 4 counters kept");
+        assert!(!page.contains(r#"error="ecc_data""#));
         // Without NVML (a copied tree), no NVLink metrics.
         let mut without = Scraper::new(
             &root,
@@ -684,6 +750,19 @@ mod tests {
             ),
             Some(1.0)
         );
+    }
+
+    fn nvml_fixture(root: &Path) -> crate::probe::NvmlFixture {
+        crate::probe::NvmlFixture::new(&root.join("nvml.json"))
+    }
+
+    /// NVML that gives these answers.
+    struct Answered(NvmlAnswers);
+
+    impl NvlinkSource for Answered {
+        fn answers(&self) -> Result<NvmlAnswers, crate::probe::NvmlError> {
+            Ok(self.0.clone())
+        }
     }
 
     /// A copy of the dgx8 fixture that a test may change; removed on drop.

@@ -77,7 +77,18 @@ pub struct NvmlLinkAnswers {
     pub remote_pci_bus_id: Answer<String>,
     /// `nvmlDeviceGetNvLinkRemoteDeviceType` (`nvmlIntNvLinkDeviceType_t`).
     pub remote_device_type: Answer<u32>,
+    /// `nvmlDeviceGetNvLinkErrorCounter`, one answer per counter in
+    /// `NVLINK_ERROR_COUNTERS` order; empty in captures made before pcieipc
+    /// asked for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_counters: Vec<Answer<u64>>,
 }
+
+/// The NVLink error counters NVML keeps per link, named as the metrics name
+/// them, in `nvmlNvLinkErrorCounter_t` order: data link transmit replays and
+/// recoveries, receive flit and data CRC errors, data ECC errors.
+pub const NVLINK_ERROR_COUNTERS: [&str; 5] =
+    ["replay", "recovery", "crc_flit", "crc_data", "ecc_data"];
 
 /// NVML's answers for one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -426,6 +437,7 @@ mod tests {
             version: Answer::Ok(6),
             remote_pci_bus_id: Answer::Ok(remote.to_string()),
             remote_device_type: Answer::Ok(remote_type),
+            error_counters: Vec::new(),
         }
     }
 
@@ -436,6 +448,7 @@ mod tests {
             version: Answer::Error(NvmlReturn::NOT_SUPPORTED),
             remote_pci_bus_id: Answer::Error(NvmlReturn::NOT_SUPPORTED),
             remote_device_type: Answer::Error(NvmlReturn::NOT_SUPPORTED),
+            error_counters: Vec::new(),
         }
     }
 

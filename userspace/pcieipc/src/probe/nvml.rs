@@ -2,12 +2,14 @@
 //! run time (no build-time CUDA or NVML), or a JSON file of answers recorded
 //! on another machine. `nvlink` decodes them; this is the only NVML I/O.
 
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 use std::path::{Path, PathBuf};
 
 use libloading::Library;
 
-use super::nvlink::{Answer, NvmlAnswers, NvmlGpuAnswers, NvmlLinkAnswers, NvmlReturn};
+use super::nvlink::{
+    Answer, NvmlAnswers, NvmlGpuAnswers, NvmlLinkAnswers, NvmlReturn, NVLINK_ERROR_COUNTERS,
+};
 
 /// Why NVML's answers could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +112,7 @@ type DeviceText = unsafe extern "C" fn(Device, *mut c_char, c_uint) -> NvmlRetur
 type DevicePci = unsafe extern "C" fn(Device, *mut PciInfo) -> NvmlReturnCode;
 type LinkValue = unsafe extern "C" fn(Device, c_uint, *mut c_uint) -> NvmlReturnCode;
 type LinkPci = unsafe extern "C" fn(Device, c_uint, *mut PciInfo) -> NvmlReturnCode;
+type LinkCounter = unsafe extern "C" fn(Device, c_uint, c_uint, *mut c_ulonglong) -> NvmlReturnCode;
 type NvmlReturnCode = c_uint;
 
 /// The answer a function that this driver's NVML lacks gives.
@@ -241,6 +244,7 @@ impl NvmlLibrary {
         let link_version = self.optional::<LinkValue>("nvmlDeviceGetNvLinkVersion");
         let remote_pci = self.optional::<LinkPci>("nvmlDeviceGetNvLinkRemotePciInfo_v2");
         let remote_type = self.optional::<LinkValue>("nvmlDeviceGetNvLinkRemoteDeviceType");
+        let error_counter = self.optional::<LinkCounter>("nvmlDeviceGetNvLinkErrorCounter");
 
         let mut devices: c_uint = 0;
         // SAFETY: writes one unsigned int.
@@ -310,6 +314,19 @@ impl NvmlLibrary {
                         version: link_value(link_version, device, link),
                         remote_pci_bus_id,
                         remote_device_type: link_value(remote_type, device, link),
+                        error_counters: (0..NVLINK_ERROR_COUNTERS.len() as c_uint)
+                            .map(|counter| {
+                                let Some(function) = error_counter else {
+                                    return Answer::Error(FUNCTION_NOT_FOUND);
+                                };
+                                let mut value: c_ulonglong = 0;
+                                // SAFETY: `device` is a handle NVML gave;
+                                // `counter` is an nvmlNvLinkErrorCounter_t;
+                                // writes one unsigned long long.
+                                let code = unsafe { function(device, link, counter, &mut value) };
+                                value_answer(code, value)
+                            })
+                            .collect(),
                     }
                 })
                 .collect();
