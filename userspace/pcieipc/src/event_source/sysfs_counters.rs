@@ -284,6 +284,11 @@ mod tests {
         .unwrap();
     }
 
+    /// An aer_dev_correctable file that counts `count` Bad TLPs.
+    fn bad_tlps(count: u64) -> String {
+        format!("BadTLP {count}\nTOTAL_ERR_COR {count}\n")
+    }
+
     #[test]
     fn rises_after_the_baseline_become_events() {
         let root = fake_sysfs("rise");
@@ -365,20 +370,10 @@ mod tests {
     fn a_kept_baseline_turns_rises_while_stopped_into_the_first_events() {
         let root = fake_sysfs("kept");
         let device = "0000:00:10.0";
-        write(
-            &root,
-            device,
-            "aer_dev_correctable",
-            "BadTLP 4\nTOTAL_ERR_COR 4\n",
-        );
+        write(&root, device, "aer_dev_correctable", &bad_tlps(4));
         let kept = CounterPoller::open(&root).unwrap().readings().clone();
         // Two more while no poller ran.
-        write(
-            &root,
-            device,
-            "aer_dev_correctable",
-            "BadTLP 6\nTOTAL_ERR_COR 6\n",
-        );
+        write(&root, device, "aer_dev_correctable", &bad_tlps(6));
         let mut restarted = CounterPoller::open_from(&root, &kept).unwrap();
         let batch = restarted.poll(5).unwrap();
         assert_eq!(batch.events.len(), 1);
@@ -395,18 +390,13 @@ mod tests {
     fn a_file_replaced_by_a_rename_is_read_anew() {
         let root = fake_sysfs("renamed");
         let device = "0000:00:10.0";
-        write(
-            &root,
-            device,
-            "aer_dev_correctable",
-            "BadTLP 4\nTOTAL_ERR_COR 4\n",
-        );
+        write(&root, device, "aer_dev_correctable", &bad_tlps(4));
         let mut poller = CounterPoller::open(&root).unwrap();
         let file = root
             .join("sys/bus/pci/devices")
             .join(device)
             .join("aer_dev_correctable");
-        fs::write(file.with_extension("new"), "BadTLP 7\nTOTAL_ERR_COR 7\n").unwrap();
+        fs::write(file.with_extension("new"), bad_tlps(7)).unwrap();
         fs::rename(file.with_extension("new"), &file).unwrap();
         let batch = poller.poll(1).unwrap();
         assert_eq!(batch.events.len(), 1);
@@ -421,13 +411,12 @@ mod tests {
     fn a_device_removed_and_added_again_starts_anew() {
         let root = fake_sysfs("readded");
         let device = "0000:00:10.0";
-        let cor = |count: u64| format!("BadTLP {count}\nTOTAL_ERR_COR {count}\n");
-        write(&root, device, "aer_dev_correctable", &cor(4));
+        write(&root, device, "aer_dev_correctable", &bad_tlps(4));
         let mut poller = CounterPoller::open(&root).unwrap();
         let dir = root.join("sys/bus/pci/devices").join(device);
         fs::remove_dir_all(&dir).unwrap();
         fs::create_dir_all(&dir).unwrap();
-        write(&root, device, "aer_dev_correctable", &cor(1));
+        write(&root, device, "aer_dev_correctable", &bad_tlps(1));
         // The directory the poller held is gone: nothing read, no event.
         let gone = poller.poll(1).unwrap();
         assert!(gone.events.is_empty() && gone.problems.is_empty());
@@ -435,7 +424,7 @@ mod tests {
         assert!(poller.poll(2).unwrap().events.is_empty());
         assert_eq!(poller.readings()[&(device.to_string(), 0)].total, 1);
         // ... from which rises are events again.
-        write(&root, device, "aer_dev_correctable", &cor(3));
+        write(&root, device, "aer_dev_correctable", &bad_tlps(3));
         let batch = poller.poll(3).unwrap();
         assert_eq!(batch.events.len(), 1);
         assert_eq!(batch.events[0].occurrences, Some(2));
