@@ -3,8 +3,8 @@
 //! mmap of BAR windows: the file offset names (device index, BAR, offset in
 //! the BAR), as VFIO's region offsets do; the window is mapped uncached, a
 //! page at a time as it is touched. The driver zaps a device's windows when
-//! it goes away, and faults after that are refused (a later access gets
-//! SIGBUS instead of reaching a BAR the module no longer owns).
+//! it goes away; a later access maps the module's stand-in page
+//! (`mappings`), never a BAR the module no longer owns.
 
 use kernel::{
     mm::virt::VmaNew,
@@ -16,7 +16,8 @@ use kernel::{
 use crate::{
     bound_device::BoundDevice,
     capability::{require_pci_access, require_sys_admin},
-    mappings, registry, uapi,
+    mappings::{self, Backing},
+    registry, uapi,
     user_mapping::{self, FaultMapped, Inserted, PageInsert},
 };
 
@@ -29,7 +30,7 @@ pub(crate) fn mmap_offset(index: u32, bar: u32) -> u64 {
 }
 
 /// Zaps every window of device `index` in every process (unbind, removal).
-/// Called after the device is marked gone, so no fault maps a page again.
+/// Called after the device is marked gone, so no fault maps its BAR again.
 pub(crate) fn zap_device(index: u32) {
     mappings::zap(mmap_offset(index, 0), 1u64 << INDEX_SHIFT);
 }
@@ -78,10 +79,11 @@ impl FaultMapped for BarWindows {
     const UNCACHED: bool = true;
 
     fn fault(offset: u64, insert: PageInsert<'_>) -> Result<Inserted> {
-        // Under the lock `zap_device` takes, after the device is marked gone.
-        mappings::serialized(|| {
-            let (_, phys) = window(offset, PAGE_SIZE as u64)?;
-            Ok(insert.insert(phys >> PAGE_SHIFT))
+        mappings::insert_page(insert, |_| match window(offset, PAGE_SIZE as u64) {
+            Ok((_, phys)) => Ok(Backing::Frame(phys >> PAGE_SHIFT)),
+            // mmap checked the window: its device went since.
+            Err(e) if e == ENODEV => Ok(Backing::Gone),
+            Err(e) => Err(e),
         })
     }
 }

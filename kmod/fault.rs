@@ -75,8 +75,9 @@ pub(crate) fn state() -> Result<Arc<FaultState>> {
     FAULT_STATE.lock().clone().ok_or(ENODEV)
 }
 
-/// A bound device left (unbind, hot-unplug, module unload): a DEVICE_GONE
-/// event, whether or not the function was watched.
+/// A bound device is leaving (unbind, hot-unplug, module unload, a
+/// permanent PCI error): a DEVICE_GONE event, whether or not the function
+/// was watched.
 pub(crate) fn device_removed(bdf: u32) {
     if let Ok(state) = state() {
         state.events.emit(uapi::pcieipc_event {

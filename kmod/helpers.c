@@ -17,6 +17,25 @@ pgprot_t pcieipc_pgprot_noncached(pgprot_t prot)
 	return pgprot_noncached(prot);
 }
 
+vm_fault_t pcieipc_insert_ram_page(void *vma, unsigned long address,
+				   void *page);
+
+/*
+ * Maps a RAM page of the module's at a faulting address of a VM_PFNMAP
+ * mapping, with the mapping's own protection minus its caching bits: the
+ * mapping may be of uncached device memory, but RAM the kernel maps cached
+ * must not also be mapped uncached.
+ */
+vm_fault_t pcieipc_insert_ram_page(void *vma, unsigned long address,
+				   void *page)
+{
+	struct vm_area_struct *area = vma;
+	struct page *ram = page;
+
+	return vmf_insert_pfn_prot(area, address, page_to_pfn(ram),
+				   vm_get_page_prot(area->vm_flags));
+}
+
 unsigned long pcieipc_kernel_address_pfn(const void *addr);
 
 /*

@@ -9,12 +9,24 @@
 //! it. So a page is never left mapped after its memory is freed or its
 //! device is gone, whatever the order of faults, mmaps and unbinds.
 //!
+//! A window whose memory went away with its device (a BAR window, a DMA
+//! buffer freed when its device went) maps the module's stand-in page
+//! instead when it is touched again, rather than killing the process with
+//! SIGBUS: a rank of an all-reduce must live to name the device it lost
+//! (DEVICE_GONE, queued before the memory goes), and a library cannot own
+//! its process's SIGBUS handler (Python, PyTorch and CUDA install their
+//! own), so the kernel, which knows which mappings are gone, does it. One
+//! zeroed page for the whole module, allocated at load and freed at unload
+//! (when no file is open, so nothing maps it): what it reads is
+//! meaningless, and what is written to it reaches no device; only
+//! CAP_SYS_ADMIN processes map windows.
+//!
 //! A buffer's key is its handle and names its mmap offset
 //! (`PCIEIPC_MMAP_DMA | key << PCIEIPC_MMAP_BAR_SHIFT`); keys are never
 //! reused while the module is loaded, so a stale handle or mapping cannot
 //! reach another file's buffer.
 
-use kernel::{fs::File, prelude::*, sync::Arc};
+use kernel::{fs::File, page::Page, prelude::*, sync::Arc};
 
 use crate::{
     bound_device::BoundDevice,
@@ -38,6 +50,8 @@ struct DmaEntry {
 pub(crate) struct Mappings {
     /// Set by `init`, dropped by `exit`.
     inode: Option<MappingInode>,
+    /// The stand-in page; set by `init`, freed by `exit`.
+    stand_in: Option<Page>,
     buffers: KVec<DmaEntry>,
     next_key: u32,
     next_file: u64,
@@ -48,6 +62,7 @@ kernel::sync::global_lock! {
     // misc device exists.
     unsafe(uninit) static MAPPINGS: Mutex<Mappings> = Mappings {
         inode: None,
+        stand_in: None,
         buffers: KVec::new(),
         next_key: 0,
         next_file: 0,
@@ -62,7 +77,9 @@ kernel::sync::global_lock! {
 pub(crate) unsafe fn init() -> Result {
     // SAFETY: by this function's requirement.
     unsafe { MAPPINGS.init() };
-    MAPPINGS.lock().inode = Some(MappingInode::new()?);
+    let mut mappings = MAPPINGS.lock();
+    mappings.stand_in = Some(Page::alloc_page(GFP_KERNEL | __GFP_ZERO)?);
+    mappings.inode = Some(MappingInode::new()?);
     Ok(())
 }
 
@@ -72,6 +89,7 @@ pub(crate) fn exit() {
     let mut mappings = MAPPINGS.lock();
     mappings.buffers.clear();
     mappings.inode = None;
+    mappings.stand_in = None;
 }
 
 /// Makes `file` (being opened) map through the module's address space;
@@ -102,12 +120,29 @@ pub(crate) fn zap(start: u64, len: u64) {
     }
 }
 
-/// Runs `f` under the lock that `zap` takes: a page `f` inserts is either
-/// inserted before a zap (which removes it) or sees the state the zap
-/// follows.
-pub(crate) fn serialized<R>(f: impl FnOnce() -> R) -> R {
-    let _mappings = MAPPINGS.lock();
-    f()
+/// Where a touched page of a window comes from.
+pub(crate) enum Backing {
+    /// This page frame.
+    Frame(u64),
+    /// The window's memory went away with its device: the stand-in page.
+    Gone,
+}
+
+/// Inserts the page `backing` names, deciding and inserting under the lock
+/// that `zap` takes: a page is either inserted before a zap (which removes
+/// it) or decided after the state the zap follows.
+pub(crate) fn insert_page(
+    insert: PageInsert<'_>,
+    backing: impl FnOnce(&Mappings) -> Result<Backing>,
+) -> Result<Inserted> {
+    let mappings = MAPPINGS.lock();
+    match backing(&mappings)? {
+        Backing::Frame(pfn) => Ok(insert.insert(pfn)),
+        Backing::Gone => {
+            let page = mappings.stand_in.as_ref().ok_or(ENODEV)?;
+            Ok(insert.insert_ram(page))
+        }
+    }
 }
 
 /// The mmap offset of DMA buffer `key`.
@@ -158,7 +193,7 @@ pub(crate) fn buffer(file: u64, key: u32) -> Result<Arc<DmaBuffer>> {
 
 /// Frees the DMA buffers of device `index` (gone: its copy engine stopped
 /// and bus mastering cleared), after zapping their pages in every process:
-/// a later access gets SIGBUS.
+/// a later access maps the stand-in page.
 pub(crate) fn device_gone(index: u32) {
     free_buffers(&mut MAPPINGS.lock(), |entry| {
         entry.buffer.device_index == index
@@ -185,13 +220,14 @@ impl FaultMapped for DmaWindows {
 
     fn fault(offset: u64, insert: PageInsert<'_>) -> Result<Inserted> {
         let (key, in_buffer) = decode_dma_offset(offset)?;
-        let mappings = MAPPINGS.lock();
-        let entry = mappings
-            .buffers
-            .iter()
-            .find(|e| e.key == key)
-            .ok_or(EFAULT)?;
-        let pfn = entry.buffer.page_frame(in_buffer).ok_or(EFAULT)?;
-        Ok(insert.insert(pfn))
+        insert_page(insert, |mappings| {
+            // mmap checked the key, and the mapping holds its file open: a
+            // key no longer listed is a buffer freed because its device went.
+            let Some(entry) = mappings.buffers.iter().find(|e| e.key == key) else {
+                return Ok(Backing::Gone);
+            };
+            let pfn = entry.buffer.page_frame(in_buffer).ok_or(EFAULT)?;
+            Ok(Backing::Frame(pfn))
+        })
     }
 }

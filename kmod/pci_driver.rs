@@ -199,16 +199,24 @@ impl pci::Driver for PcieIpcDriver {
 
     fn unbind<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>) {
         device_gone(&this.device);
-        fault::device_removed(this.device.info.bdf);
     }
 }
 
-/// Marks `device` gone (its waiters fail with ENODEV, its DMA engine stops,
-/// bus mastering is cleared), zaps its BAR windows in every process, and
-/// frees its DMA buffers after zapping their mappings: nothing of the device
-/// stays reachable from userspace, and its memory is freed while the device
-/// is still bound. Unbind and a permanent PCI error both end here.
+/// Queues DEVICE_GONE, then marks `device` gone (its waiters fail with
+/// ENODEV, its DMA engine stops, bus mastering is cleared), zaps its BAR
+/// windows in every process, and frees its DMA buffers after zapping their
+/// mappings: nothing of the device stays reachable from userspace, and its
+/// memory is freed while the device is still bound. A process that touches
+/// one of those windows again gets the module's blank page
+/// (`mappings::stand_in`), never a signal; the event comes first, so a
+/// process that read through the blank page finds the event when it next
+/// reads the event stream. Unbind (hot-unplug, module unload) and a
+/// permanent PCI error both end here; the second time does nothing.
 pub(crate) fn device_gone(device: &BoundDevice) {
+    if device.state() == uapi::PCIEIPC_STATE_GONE {
+        return;
+    }
+    fault::device_removed(device.info.bdf);
     device.mark_gone();
     bar_mmap::zap_device(device.index);
     mappings::device_gone(device.index);

@@ -26,7 +26,8 @@ enum Transition {
 
 /// Records one callback: the registers of the nearest AER capability (the
 /// device's own, else its upstream port's, where errors of a conventional
-/// endpoint are logged) and the result returned; updates the device state.
+/// endpoint are logged) and the result returned; updates the device state
+/// (a freeze or thaw before the event, the device's end after it).
 fn record(
     pdev: &pci::Device<Bound>,
     step: u32,
@@ -50,24 +51,28 @@ fn record(
             }
         })
         .unwrap_or_default();
-    if let Ok(device) = registry::get_bound_by_bdf(bdf) {
-        match transition {
-            Transition::Keep => {}
-            Transition::Freeze => device.freeze(),
-            Transition::Thaw => device.thaw(),
-            Transition::Gone => pci_driver::device_gone(&device),
-        }
+    let event = uapi::pcieipc_event {
+        kind: uapi::PCIEIPC_EVENT_AER,
+        bdf,
+        aer_step: step,
+        channel_state: channel as u32,
+        result: result as u32,
+        aer,
+        ..Default::default()
+    };
+    let device = registry::get_bound_by_bdf(bdf).ok();
+    match (&transition, &device) {
+        (Transition::Freeze, Some(device)) => device.freeze(),
+        (Transition::Thaw, Some(device)) => device.thaw(),
+        _ => {}
     }
     if let Ok(fault) = fault::state() {
-        fault.events.emit(uapi::pcieipc_event {
-            kind: uapi::PCIEIPC_EVENT_AER,
-            bdf,
-            aer_step: step,
-            channel_state: channel as u32,
-            result: result as u32,
-            aer,
-            ..Default::default()
-        });
+        fault.events.emit(event);
+    }
+    // After the error's event: `device_gone` queues DEVICE_GONE, so a rank
+    // reads why its device went before it reads that it went.
+    if let (Transition::Gone, Some(device)) = (transition, device) {
+        pci_driver::device_gone(&device);
     }
     result
 }

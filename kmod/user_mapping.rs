@@ -21,15 +21,22 @@ use kernel::{
     bindings,
     fs::File,
     mm::virt::{flags, VmaNew},
-    page::PAGE_SHIFT,
+    page::{Page, PAGE_SHIFT},
     prelude::*,
 };
 
 extern "C" {
     /// `pgprot_noncached` (helpers.c).
     fn pcieipc_pgprot_noncached(prot: bindings::pgprot_t) -> bindings::pgprot_t;
-    // `struct inode` is passed as `void *`: it holds a field of a type that
-    // bindgen leaves empty, which Rust calls unsafe to pass to C.
+    // `struct inode`, `vm_area_struct` and `page` are passed as `void *`:
+    // they hold fields of types that bindgen leaves empty, which Rust calls
+    // unsafe to pass to C.
+    /// Maps RAM page `page` cached at `address` of VM_PFNMAP `vma` (helpers.c).
+    fn pcieipc_insert_ram_page(
+        vma: *mut c_void,
+        address: usize,
+        page: *mut c_void,
+    ) -> bindings::vm_fault_t;
     /// A new inode on the module's pseudo filesystem, or an ERR_PTR
     /// (mapping_inode.c).
     fn pcieipc_mapping_inode_new() -> *mut c_void;
@@ -128,7 +135,8 @@ pub(crate) trait FaultMapped {
 
     /// Inserts the page at file offset `offset` (page aligned) with
     /// `insert`, holding the lock under which the region's owner zaps it, or
-    /// fails (the access gets SIGBUS; ENOMEM: out of memory).
+    /// fails (the access gets SIGBUS: an offset the region never had;
+    /// ENOMEM: out of memory).
     fn fault(offset: u64, insert: PageInsert<'_>) -> Result<Inserted>;
 }
 
@@ -149,6 +157,16 @@ impl PageInsert<'_> {
         // lock is held), set up by `install_fault_handler` as VM_PFNMAP and
         // shared; `address` is the faulting address inside it.
         Inserted(unsafe { bindings::vmf_insert_pfn(self.vma, self.address, pfn as usize) })
+    }
+
+    /// Maps `page`, RAM the module owns, at the faulting address, cached
+    /// whatever the region's own memory is: the caller keeps `page` until
+    /// no mapping of the module is left (module unload).
+    pub(crate) fn insert_ram(self, page: &Page) -> Inserted {
+        // SAFETY: as in `insert`; `page` is a live page the module owns.
+        Inserted(unsafe {
+            pcieipc_insert_ram_page(self.vma.cast(), self.address, page.as_ptr().cast())
+        })
     }
 }
 

@@ -91,7 +91,9 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
             rank: first, peer, ..
         } => (Some(if *peer == rank { *first } else { *peer }), None),
         E::PeerMemoryUnreadable { owner, .. } => (Some(*owner), None),
-        E::DeviceFault { device, .. } => (None, Some(device.clone())),
+        E::DeviceFault { device, .. } | E::DeviceRemoved { device, .. } => {
+            (None, Some(device.clone()))
+        }
         E::WrongGpu { gpu, .. } => (None, Some(format!("GPU {gpu}"))),
         E::Transport { transport, .. } => (None, Some((*transport).to_owned())),
         _ => (None, None),
@@ -128,6 +130,7 @@ pub fn to_python(error: EngineError, rank: usize) -> PyErr {
         | E::BindCpu { .. }
         | E::SharedMemory { .. }
         | E::DeviceFault { .. }
+        | E::DeviceRemoved { .. }
         | E::FollowDevice { .. } => DeviceError::new_err(message),
     };
     with_attributes(error, rank, peer, device)

@@ -60,4 +60,25 @@ unfollowed() {
             "$(awk '!/^#/ && NF == 14 { print $14; exit }' /tmp/off.out)"
 }
 check "without PCIEIPC_LINK_TRACEFS the device is not followed: the same error changes no chunk and records no fault, exact" unfollowed
+
+# Surprise removal of a followed device (a GPU falling off the bus): rank 0's
+# ivs0 is hot-unplugged mid-sweep. The rank sees its followed function gone
+# from sysfs and fails; the shm segment is intact, so its record reaches
+# rank 1. Both must end within 20 s of the request (pciehp's button takes 5 s
+# of it), naming the device as removed, neither by a signal, no wrong element.
+export PCIEIPC_LINK_TRACEFS=1
+removed() {
+    act_mid_sweep /tmp/removed.out 1048576 "host unplug ivs0" --nranks 2 -b 1M -e 16M -f 2 -n 40 -w 1 -c 2 \
+        --link-of 0000:01:00.0,0000:02:00.0 && rc=0 || rc=$?
+    echo "ivs0 unplugged: the job exited with $rc, $ACTED_MS ms after the request" | tee -a /tmp/stalls
+    [ "$rc" != 0 ] && [ "$rc" != 99 ] && [ "$ACTED_MS" -lt 20000 ] &&
+        [ "$(grep -c "rank 0: device 0000:01:00.0 was removed (DEVICE_GONE" /tmp/removed.out)" = 2 ] &&
+        [ "$(grep -c "^pcieipc bench: rank [01] exit status: [0-9]*$" /tmp/removed.out)" = 2 ] &&
+        ! grep -q "signal" /tmp/removed.out &&
+        awk '!/^#/ && NF == 14 && ($9 != 0 || $13 != 0) { bad++ } END { exit bad }' /tmp/removed.out
+}
+check "rank 0's followed device unplugged mid-sweep: both ranks fail within 20 s naming it as removed, neither by a signal" removed
+grep -h "ivs0 unplugged" /tmp/stalls; grep -h "error" /tmp/removed.out
+check "nothing left behind: no tracing instance, no shared memory, no rank running" sh -c '
+    [ -z "$(ls /sys/kernel/tracing/instances)" ] && [ -z "$(ls /dev/shm)" ] && ! pidof pcieipc'
 summary

@@ -253,7 +253,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Starts one process per rank (this executable with `--rank`), waits for all,
-/// and exits with the first failing rank's status.
+/// says how each failed rank ended, and exits with the first one's status.
 fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     if args.nranks == 0 {
         bail!("--nranks must be at least 1");
@@ -309,10 +309,14 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
                 128 + nix::sys::signal::Signal::SIGPIPE as u8,
             ));
         }
-        if !status.success() && !failed {
-            failed = true;
+        // Every failed rank is said (one killed by a signal is never
+        // hidden behind another's error); the first one's status is the job's.
+        if !status.success() {
             crate::eprint_line(&format!("pcieipc bench: rank {rank} {status}"));
-            exit = ExitCode::from(status.code().map_or(2, |code| code.clamp(1, 255) as u8));
+            if !failed {
+                failed = true;
+                exit = ExitCode::from(status.code().map_or(2, |code| code.clamp(1, 255) as u8));
+            }
         }
     }
     if let (Some(parts), Some(file)) = (&trace_parts, &args.trace) {

@@ -104,25 +104,33 @@ check() {
         PCIEIPC_FAILED=$((PCIEIPC_FAILED + 1)); echo "FAIL: $desc"; echo "$out" | sed 's/^/    /'
     fi
 }
-# inject_mid_sweep OUT PORT ERROR BENCH-ARG...: runs `pcieipc bench
-# BENCH-ARG...` in the background into OUT, injects ERROR on the root port
-# PORT once its first row (1 MiB) is out, waits for the job and prints OUT.
-# Returns the job's exit status; INJECTED_MS is how long the job ran on after
-# the injection (to the 10 ms /proc/uptime gives: busybox's date has no
-# sub-second format).
-# An injection QEMU did not take fails the run (status 99, after the job),
-# so that a check that something "goes unseen" cannot pass on nothing.
-inject_mid_sweep() {
-    sweep_out="$1"; port="$2"; error="$3"; shift 3
+# act_mid_sweep OUT ROW ACTION BENCH-ARG...: runs `pcieipc bench
+# BENCH-ARG...` in the background into OUT, runs the command line ACTION once
+# the sweep's row of ROW bytes is out, waits for the job and prints OUT.
+# Returns the job's exit status (99 if ACTION failed, after the job);
+# ACTED_MS is how long the job ran on after ACTION began (to the 10 ms
+# /proc/uptime gives: busybox's date has no sub-second format).
+act_mid_sweep() {
+    sweep_out="$1"; row="$2"; action="$3"; shift 3
     pcieipc bench "$@" > "$sweep_out" 2>&1 &
     bench=$!
-    for i in $(seq 600); do grep -q "^ *1048576 " "$sweep_out" && break; sleep 0.1; done
-    injected=$(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime)
-    inject "$port" "$error"; taken=$?
+    for i in $(seq 600); do grep -q "^ *$row " "$sweep_out" && break; sleep 0.1; done
+    acted=$(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime)
+    sh -c "$action"; taken=$?
     wait $bench; rc=$?
     [ "$taken" = 0 ] || rc=99
-    INJECTED_MS=$(( $(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime) - injected ))
+    ACTED_MS=$(( $(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime) - acted ))
     cat "$sweep_out"
+    return $rc
+}
+# inject_mid_sweep OUT PORT ERROR BENCH-ARG...: act_mid_sweep injecting ERROR
+# on the root port PORT once the first row (1 MiB) is out; INJECTED_MS is
+# ACTED_MS. An injection QEMU did not take fails the run (status 99), so that
+# a check that something "goes unseen" cannot pass on nothing.
+inject_mid_sweep() {
+    out="$1"; port="$2"; error="$3"; shift 3
+    act_mid_sweep "$out" 1048576 "inject $port $error" "$@" && rc=0 || rc=$?
+    INJECTED_MS=$ACTED_MS
     return $rc
 }
 # summary: prints the counts; fails if any check failed or none ran.

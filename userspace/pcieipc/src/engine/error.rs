@@ -204,6 +204,13 @@ pub enum EngineError {
     },
 
     #[error(
+        "rank {rank}: device {device} was removed (DEVICE_GONE: hot-unplugged, unbound, or its \
+         config space reads all ones); the ranks cannot go on without it (docs/fault-path.md, \
+         surprise removal)"
+    )]
+    DeviceRemoved { rank: usize, device: String },
+
+    #[error(
         "rank {rank}: message {message} in rank {peer}'s {carrier} failed its checksum on all \
          {reads} reads (re-read and resent): the data crossing the link stays damaged \
          (docs/fault-path.md, chunk checksums)"

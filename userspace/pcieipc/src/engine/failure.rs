@@ -50,6 +50,13 @@ pub enum Failure {
         bits: FaultBits,
         recovery: Recovery,
     },
+    /// Rank `rank`'s device `bdf` (in `PCIEIPC_BDF` form) was removed
+    /// (`DEVICE_GONE`): hot-unplugged, unbound, or its config space reads
+    /// all ones.
+    DeviceRemoved {
+        rank: usize,
+        bdf: u32,
+    },
     /// Rank `rank` read `message` (its number on `carrier`) from `peer`
     /// `reads` times and it never matched its checksum.
     DamagedMessage {
@@ -208,8 +215,26 @@ impl Failure {
                     u64::from(reads),
                 ]);
             }
+            Failure::DeviceRemoved { rank, bdf } => {
+                words[..3].copy_from_slice(&[9, rank as u64, u64::from(bdf)]);
+            }
         }
         words
+    }
+
+    /// The rank whose device this failure lost, where it lost one (removed,
+    /// or given up by the kernel): that rank no longer reaches what it
+    /// mapped through the device.
+    pub(crate) fn lost_device_of(&self) -> Option<usize> {
+        match *self {
+            Failure::DeviceRemoved { rank, .. } => Some(rank),
+            Failure::DeviceFault {
+                rank,
+                recovery: Recovery::Failed | Recovery::Gone,
+                ..
+            } => Some(rank),
+            _ => None,
+        }
     }
 
     pub(crate) fn from_words(words: [u64; FAILURE_WORDS]) -> Option<Failure> {
@@ -259,6 +284,10 @@ impl Failure {
                 carrier: Carrier::from_wire(words[3])?,
                 message: u32::try_from(words[4]).ok()?,
                 reads: u32::try_from(words[5]).ok()?,
+            },
+            9 => Failure::DeviceRemoved {
+                rank: words[1] as usize,
+                bdf: u32::try_from(words[2]).ok()?,
             },
             _ => return None,
         })
@@ -313,6 +342,10 @@ impl From<Failure> for EngineError {
                 carrier,
                 message,
                 reads,
+            },
+            Failure::DeviceRemoved { rank, bdf } => EngineError::DeviceRemoved {
+                rank,
+                device: crate::events::bdf_string(bdf),
             },
         }
     }
@@ -389,6 +422,10 @@ mod tests {
                 carrier: Carrier::RelaySlot,
                 message: u32::MAX,
                 reads: 5,
+            },
+            Failure::DeviceRemoved {
+                rank: 2,
+                bdf: 0x0003_0100,
             },
         ];
         for failure in failures {

@@ -13,16 +13,51 @@ use crate::probe::bdf::Bdf;
 /// device is unreachable whatever severity the severity register gives it.
 pub const SURPRISE_DOWN_BIT: u8 = 5;
 
-/// An error reported on the link under a rank's device.
+/// An error reported on the link under a rank's device, or the device lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fault {
     /// The function that reported it (the device, or the port above it).
     pub bdf: String,
     /// The error bits, with severity and mask as the registers read.
     pub errors: Vec<AerError>,
-    /// The device stopped answering (config reads of all ones, removed) or
-    /// the kernel gave it up (permanent failure).
-    pub device_gone: bool,
+    /// How the device was lost, if it was.
+    pub lost: Option<Loss>,
+    /// The rank whose device it is, where it is a peer's (the transport
+    /// sees a peer's device lost in the module's event stream: the peer
+    /// cannot tell the others through memory that went with it).
+    pub peer: Option<usize>,
+}
+
+impl Fault {
+    /// An error of this rank's device or link.
+    pub fn error(bdf: String, errors: Vec<AerError>) -> Fault {
+        Fault {
+            bdf,
+            errors,
+            lost: None,
+            peer: None,
+        }
+    }
+}
+
+/// How a device was lost: the ranks cannot go on without it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Removed (hot-unplugged, unbound: `DEVICE_GONE`), or its config space
+    /// reads all ones.
+    Removed,
+    /// The kernel gave it up after an error (permanent failure).
+    GivenUp,
+}
+
+impl Loss {
+    /// The end of the kernel's recovery a loss is.
+    pub fn recovery(self) -> Recovery {
+        match self {
+            Loss::Removed => Recovery::Gone,
+            Loss::GivenUp => Recovery::Failed,
+        }
+    }
 }
 
 /// What the ranks do about a fault, mildest first: the worst error of a
@@ -67,9 +102,9 @@ pub fn error_action(error: &AerError) -> Option<FaultAction> {
 }
 
 /// The action a fault calls for: the worst of its errors', `Fail` for a
-/// device gone, `None` when every bit is masked.
+/// device lost, `None` when every bit is masked.
 pub fn action(fault: &Fault) -> Option<FaultAction> {
-    if fault.device_gone {
+    if fault.lost.is_some() {
         return Some(FaultAction::Fail);
     }
     fault.errors.iter().filter_map(error_action).max()
@@ -199,7 +234,9 @@ pub struct FaultRecord {
     pub in_call: bool,
     pub bdf: String,
     pub bits: FaultBits,
-    pub device_gone: bool,
+    pub lost: Option<Loss>,
+    /// The rank whose device it was, where a peer's.
+    pub peer: Option<usize>,
     pub action: FaultAction,
     /// How the kernel's recovery ended, where the action waited for it.
     pub recovery: Option<Recovery>,
@@ -215,9 +252,15 @@ impl fmt::Display for FaultRecord {
     /// stall 4 us`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let when = if self.in_call { "in" } else { "before" };
-        write!(f, "{when} call {}: {} {}", self.call, self.bdf, self.bits)?;
-        if self.device_gone {
-            f.write_str(", device gone")?;
+        write!(f, "{when} call {}: ", self.call)?;
+        if let Some(peer) = self.peer {
+            write!(f, "rank {peer}'s ")?;
+        }
+        write!(f, "{} {}", self.bdf, self.bits)?;
+        match self.lost {
+            Some(Loss::Removed) => f.write_str(", device removed")?,
+            Some(Loss::GivenUp) => f.write_str(", device given up")?,
+            None => {}
         }
         write!(f, ": {}", self.action.name())?;
         if let Some(recovery) = self.recovery {
@@ -236,11 +279,7 @@ mod tests {
     use crate::events::{aer_error_at, CORRECTABLE, UNCORRECTABLE};
 
     fn fault(errors: Vec<AerError>) -> Fault {
-        Fault {
-            bdf: "0000:02:00.0".into(),
-            errors,
-            device_gone: false,
-        }
+        Fault::error("0000:02:00.0".into(), errors)
     }
 
     /// The matrix of docs/fault-path.md, row by row: every bit the spec
@@ -305,11 +344,13 @@ mod tests {
             action(&fault(vec![bad_tlp, masked_fatal])),
             Some(FaultAction::SmallerChunk)
         );
-        let gone = Fault {
-            device_gone: true,
-            ..fault(vec![timeout])
-        };
-        assert_eq!(action(&gone), Some(FaultAction::Fail));
+        for loss in [Loss::Removed, Loss::GivenUp] {
+            let lost = Fault {
+                lost: Some(loss),
+                ..fault(vec![timeout.clone()])
+            };
+            assert_eq!(action(&lost), Some(FaultAction::Fail));
+        }
     }
 
     #[test]

@@ -6,12 +6,16 @@
 //! AER → action matrix as on the pcieipc transport. The kernel tells no one
 //! outside the device's driver when its recovery of such a device ends, so
 //! the end is read from sysfs: the function answers config reads again and
-//! its link is up.
+//! its link is up. Its removal (hot-unplug, a GPU falling off the bus) shows
+//! in no tracepoint the rank follows: each poll reads the function's `vendor`
+//! attribute, kept open, which sysfs refuses once the function is gone.
 //!
 //! Opt-in, as for the pcieipc transport: `PCIEIPC_LINK_TRACEFS` (a tracefs
 //! root, or 1), and `CommOptions::link_device` naming the function.
 
 use std::path::{Path, PathBuf};
+
+use nix::sys::statfs::SYSFS_MAGIC;
 use std::time::{Duration, Instant};
 
 use crate::event_source::{monotonic_now_ns, tracefs::TraceSession, SourceError};
@@ -20,7 +24,7 @@ use crate::probe::bdf::Bdf;
 use crate::probe::link::LinkSpeed;
 
 use super::chunk::{LinkFacts, RecentErrors};
-use super::fault_policy::{retrain_if_degraded, Fault, Recovery};
+use super::fault_policy::{retrain_if_degraded, Fault, Loss, Recovery};
 use super::transport::LinkPoll;
 use crate::device::{Device, DEFAULT_PATH};
 
@@ -79,11 +83,10 @@ fn fact(event: &Event, path: &[String]) -> Option<Fact> {
         return None;
     }
     match event.kind {
-        EventKind::Aer if !event.errors.is_empty() => Some(Fact::Error(Fault {
-            bdf: event.bdf.clone(),
-            errors: event.errors.clone(),
-            device_gone: false,
-        })),
+        EventKind::Aer if !event.errors.is_empty() => Some(Fact::Error(Fault::error(
+            event.bdf.clone(),
+            event.errors.clone(),
+        ))),
         // The link the device hangs from: the one of the port right above it.
         EventKind::LinkChange if path.len() >= 2 && event.bdf == path[path.len() - 2] => {
             let after = event.link_after.as_ref()?;
@@ -127,11 +130,39 @@ fn answers(dir: &Path) -> Option<bool> {
     Some(vendor_ok && link_up)
 }
 
+/// Whether a function is still there, read from its `vendor` attribute,
+/// opened once: sysfs answers a read of a removed function's open attribute
+/// with ENODEV (no config cycle reaches the device: the kernel keeps the
+/// vendor ID). Elsewhere (a copied tree in tests) a removed file is noticed
+/// by having no links left.
+struct Presence {
+    file: std::fs::File,
+    on_sysfs: bool,
+}
+
+impl Presence {
+    fn open(dir: &Path) -> std::io::Result<Presence> {
+        let file = std::fs::File::open(dir.join("vendor"))?;
+        let on_sysfs =
+            nix::sys::statfs::fstatfs(&file).is_ok_and(|fs| fs.filesystem_type() == SYSFS_MAGIC);
+        Ok(Presence { file, on_sysfs })
+    }
+
+    fn gone(&self) -> bool {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let mut byte = [0u8; 1];
+        self.file.read_at(&mut byte, 0).is_err()
+            || (!self.on_sysfs && self.file.metadata().map_or(true, |m| m.nlink() == 0))
+    }
+}
+
 /// One rank's followed device: its link and its recent errors.
 pub(crate) struct FollowedDevice {
     bdf: Bdf,
     dir: PathBuf,
     path: Vec<String>,
+    /// `None` once its removal was reported.
+    presence: Option<Presence>,
     session: TraceSession,
     errors: RecentErrors,
     /// The link's facts as last published; `None` where the job gave none
@@ -148,6 +179,12 @@ impl FollowedDevice {
         tracefs_root: &Path,
     ) -> Result<FollowedDevice, FollowError> {
         let path = path_to_root(device)?;
+        let presence =
+            Presence::open(&device.dir()).map_err(|source| FollowError::NoSuchDevice {
+                bdf: device.bdf,
+                path: device.dir(),
+                source,
+            })?;
         let name = format!("pcieipc-follow-{}", std::process::id());
         let session =
             TraceSession::open(tracefs_root, &name).map_err(|source| FollowError::Tracefs {
@@ -158,6 +195,7 @@ impl FollowedDevice {
             bdf: device.bdf,
             dir: device.dir(),
             path,
+            presence: Some(presence),
             session,
             errors: RecentErrors::default(),
             published: link,
@@ -166,7 +204,8 @@ impl FollowedDevice {
 
     /// The events since the last poll (never blocking): the link's facts if
     /// they changed, and the faults. Correctable errors count towards the
-    /// smaller chunk; every error is a fault for the matrix to act on.
+    /// smaller chunk; every error is a fault for the matrix to act on, and
+    /// so is the device's removal.
     pub(crate) fn poll(&mut self) -> LinkPoll {
         // A failed read keeps the last facts: a device in trouble shows in
         // the next read, or in the job's own calls.
@@ -176,6 +215,13 @@ impl FollowedDevice {
             .map(|batch| batch.events)
             .unwrap_or_default();
         let mut faults = Vec::new();
+        if self.presence.as_ref().is_some_and(Presence::gone) {
+            self.presence = None;
+            faults.push(Fault {
+                lost: Some(Loss::Removed),
+                ..Fault::error(self.bdf.to_string(), Vec::new())
+            });
+        }
         let mut link = self.published;
         for found in events.iter().filter_map(|event| fact(event, &self.path)) {
             match found {
@@ -208,6 +254,7 @@ impl FollowedDevice {
         LinkPoll {
             facts: changed.flatten(),
             faults,
+            lost_elsewhere: Vec::new(),
         }
     }
 
@@ -298,6 +345,19 @@ mod tests {
             None,
             "the module's own events are its transport's"
         );
+    }
+
+    #[test]
+    fn a_removed_function_is_noticed_and_a_present_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("pcieipc-presence-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("vendor"), "0x1af4\n").unwrap();
+        let presence = Presence::open(&dir).unwrap();
+        assert!(!presence.on_sysfs);
+        assert!(!presence.gone(), "present");
+        std::fs::remove_file(dir.join("vendor")).unwrap();
+        assert!(presence.gone(), "removed");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -128,11 +128,15 @@ enum Command {
     },
     /// Root-only open; without CAP_SYS_ADMIN, hardware operations get EPERM.
     CapsCheck,
-    /// Maps BAR2 of DEVICE, creates READY, waits for GO, reads the window
-    /// again (killed by SIGBUS if the device was unbound meanwhile).
+    /// Maps BAR2 of DEVICE and of WITNESS (a device of the same region),
+    /// writes through DEVICE, creates READY, waits for GO (DEVICE unbound
+    /// meanwhile), then reads and writes DEVICE's window again: it must not
+    /// kill the process, and the write must not reach the region.
     MmapTouch {
         #[arg(long)]
         device: u32,
+        #[arg(long)]
+        witness: u32,
         #[arg(long)]
         ready: PathBuf,
         #[arg(long)]
@@ -148,7 +152,7 @@ enum Command {
         bar: u32,
     },
     /// Maps and fills a DMA buffer, then touches it again on a signal
-    /// (after its device is unbound: SIGBUS).
+    /// (after its device is unbound: the module's stand-in page, no signal).
     DmaTouch {
         #[arg(long)]
         device: u32,
@@ -209,7 +213,12 @@ fn main() -> ExitCode {
         },
         Command::MmapChecks => report(windows::run()),
         Command::MmapGone { device } => report(windows::gone(device)),
-        Command::MmapTouch { device, ready, go } => report(windows::touch(device, &ready, &go)),
+        Command::MmapTouch {
+            device,
+            witness,
+            ready,
+            go,
+        } => report(windows::touch(device, witness, &ready, &go)),
         Command::DmaCopy { kind, sizes } => report(dma::copy(&kind, &sizes)),
         Command::DmaErrors => report(dma::errors()),
         Command::DmaBar => report(dma::bar()),

@@ -11,7 +11,9 @@ use super::Communicator;
 use crate::engine::dtype::{DType, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::failure::{Corruption, Failure};
-use crate::engine::fault_policy::{self, Fault, FaultAction, FaultBits, FaultRecord, Recovery};
+use crate::engine::fault_policy::{
+    self, Fault, FaultAction, FaultBits, FaultRecord, Loss, Recovery,
+};
 use crate::engine::schedule::Algorithm;
 use crate::engine::slot_fill::{CallClass, SlotFill};
 use crate::engine::transport::Signal;
@@ -134,6 +136,18 @@ impl Communicator {
         // With checksums, what this rank sent may be asked for again until
         // its successor has consumed it.
         let result = result.and_then(|()| self.drain_streams());
+        // Where the data lives in a device's memory, a call that read
+        // through a window of a device that went away meanwhile read the
+        // module's stand-in page, not the data: the module queues
+        // DEVICE_GONE before that page can appear, so a call that ends
+        // without the event in the stream read the device.
+        let result = result.and_then(|()| {
+            if self.transport.capabilities().device_memory {
+                self.poll_link_events()
+            } else {
+                Ok(())
+            }
+        });
         self.calls += 1;
         self.last_call = self.current_call.take();
         result
@@ -166,11 +180,12 @@ impl Communicator {
         self.poll_link_events()
     }
 
-    /// Records `failure`, which blames a peer for what this rank read of
-    /// the peer's shared memory, unless this rank's device reports a fault:
-    /// reads through a device in error (its reset in progress reads zeros)
-    /// are no evidence against a peer, and the device's fault is the
-    /// failure then.
+    /// Records `failure`, which blames a peer (for what this rank read of
+    /// the peer's shared memory, or for dying, leaving or stalling), unless
+    /// a device of the job reports a fault: reads through a device in error
+    /// (its reset in progress reads zeros) are no evidence against a peer,
+    /// a peer whose device was removed fails or stalls for that, and the
+    /// device's fault is the failure then.
     pub(crate) fn blame_peer(&mut self, failure: Failure) -> EngineError {
         match self.poll_link_events() {
             Err(fault) => fault,
@@ -213,9 +228,12 @@ impl Communicator {
             return Ok(());
         };
         let started = Instant::now();
-        let recovery = match action {
-            FaultAction::SmallerChunk => None,
-            FaultAction::AwaitRecovery | FaultAction::Fail => Some(match reporter {
+        let recovery = match (action, fault.lost) {
+            (FaultAction::SmallerChunk, _) => None,
+            // A lost device's recovery is over: nothing to wait for (and a
+            // peer's device is the peer's to wait on).
+            (_, Some(loss)) => Some(loss.recovery()),
+            (FaultAction::AwaitRecovery | FaultAction::Fail, None) => Some(match reporter {
                 Reporter::Transport => self.transport.await_recovery(RECOVERY_WAIT),
                 Reporter::Followed => self
                     .followed
@@ -245,7 +263,8 @@ impl Communicator {
             call: self.calls,
             in_call: self.current_call.is_some(),
             bits: FaultBits::of(&fault.errors),
-            device_gone: fault.device_gone,
+            lost: fault.lost,
+            peer: fault.peer,
             action,
             recovery,
             retrained,
@@ -260,18 +279,23 @@ impl Communicator {
                 vec![("fault", Arg::Owned(record.to_string()))],
             );
         }
-        let failure = (action == FaultAction::Fail).then(|| Failure::DeviceFault {
-            rank: self.rank,
-            // The module and the kernel's trace name functions in PCI
-            // address form, in domains the ABI encodes.
-            bdf: record
-                .bdf
-                .parse::<Bdf>()
-                .ok()
-                .and_then(|bdf| bdf.to_abi().ok())
-                .unwrap_or(u32::MAX),
-            bits: record.bits,
-            recovery: recovery.unwrap_or(Recovery::Unfinished { waited_ms: 0 }),
+        // The module and the kernel's trace name functions in PCI address
+        // form, in domains the ABI encodes.
+        let bdf = record
+            .bdf
+            .parse::<Bdf>()
+            .ok()
+            .and_then(|bdf| bdf.to_abi().ok())
+            .unwrap_or(u32::MAX);
+        let rank = fault.peer.unwrap_or(self.rank);
+        let failure = (action == FaultAction::Fail).then(|| match fault.lost {
+            Some(Loss::Removed) => Failure::DeviceRemoved { rank, bdf },
+            _ => Failure::DeviceFault {
+                rank,
+                bdf,
+                bits: record.bits,
+                recovery: recovery.unwrap_or(Recovery::Unfinished { waited_ms: 0 }),
+            },
         });
         self.faults.push(record);
         match failure {

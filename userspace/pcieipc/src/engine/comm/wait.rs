@@ -197,7 +197,7 @@ impl Communicator {
                 .into_iter()
                 .find(|(rank, _)| !transport.departed(*rank));
             if let Some((rank, pid)) = died {
-                break Err(transport.abort(Failure::PeerDied { rank, pid }).into());
+                break Err(self.blame_peer(Failure::PeerDied { rank, pid }));
             }
             if transport.departed(peer) {
                 // It may have posted what we wait for after our load above and
@@ -207,15 +207,14 @@ impl Communicator {
                 if reached(transport.load(owner, signal)) {
                     break Ok(());
                 }
-                break Err(transport.abort(Failure::PeerLeft { rank: peer }).into());
+                break Err(self.blame_peer(Failure::PeerLeft { rank: peer }));
             }
             let waited = started.elapsed();
             if waited >= timeout {
                 let rank = self.culprit(peer);
-                break Err(transport
-                    .abort(Failure::PeerUnresponsive { rank, waited })
-                    .into());
+                break Err(self.blame_peer(Failure::PeerUnresponsive { rank, waited }));
             }
+            let transport = &*self.transport;
             let slept_from = self.trace.as_ref().map(|_| monotonic_ns());
             transport.sleep(owner, signal, value, LIVENESS_SLICE.min(timeout - waited));
             if let (Some(trace), Some(start)) = (&self.trace, slept_from) {

@@ -32,6 +32,10 @@ pub struct LinkPoll {
     pub facts: Option<LinkFacts>,
     /// The faults reported on it, oldest first.
     pub faults: Vec<Fault>,
+    /// Other devices the module reported lost, for the transport to
+    /// attribute to the peers whose devices they are (or to drop); a
+    /// transport returns none of these from `Transport::poll_link`.
+    pub lost_elsewhere: Vec<Fault>,
 }
 
 pub(crate) use pcieipc::tracefs_root as link_tracefs_root;

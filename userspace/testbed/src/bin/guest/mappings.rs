@@ -29,8 +29,9 @@ pub fn mmap_node(node: &Path, device: u32, bar: u32) -> CheckResult {
 }
 
 /// Allocates a DMA buffer of `size` bytes for `device`, maps it, fills it
-/// and checks it, says `ready`, waits for `go`, then reads it again: after
-/// the device is unbound the read must end this process with SIGBUS.
+/// and checks it, says `ready`, waits for `go`, then reads and writes it
+/// again: after the device is unbound (its buffer freed) the module maps its
+/// stand-in page there, and the process lives on.
 pub fn dma_touch(device: u32, size: u64, ready: &Path, go: &Path) -> CheckResult {
     let file = open()?;
     let buffer = file.dma_alloc(device, size).map_err(|e| e.to_string())?;
@@ -52,8 +53,12 @@ pub fn dma_touch(device: u32, size: u64, ready: &Path, go: &Path) -> CheckResult
         sleep(Duration::from_millis(20));
     }
     let mut byte = [0u8; 1];
-    window.read(0, &mut byte);
-    println!("dma-touch: read {:#x} after the go signal", byte[0]);
+    window.read(window.len() - 1, &mut byte);
+    window.write(window.len() - 1, &[0xa7]);
+    println!(
+        "dma-touch: read {:#x} at the buffer's last byte after the go signal, then wrote it",
+        byte[0]
+    );
     Ok(())
 }
 

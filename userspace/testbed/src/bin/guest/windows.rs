@@ -136,21 +136,50 @@ fn private_mapping_refused(index: u32) -> CheckResult {
     Ok(())
 }
 
-/// `mmap-touch`: maps BAR2 of device `index`, writes a byte, creates
-/// `ready`, waits for `go` to exist, then reads the window again: after the
-/// device was unbound in between, the read must kill this process (SIGBUS).
-pub fn touch(index: u32, ready: &std::path::Path, go: &std::path::Path) -> CheckResult {
+/// `mmap-touch`: maps BAR2 of device `index` and of `witness` (a device of
+/// the same region), writes a byte through the first and sees it through
+/// the second, creates `ready`, waits for `go` to exist (the device is
+/// unbound in between), then reads and writes the first window again. The
+/// module maps its stand-in page there: no signal, and the write must not
+/// reach the region, which the witness still reads as before.
+pub fn touch(
+    index: u32,
+    witness: u32,
+    ready: &std::path::Path,
+    go: &std::path::Path,
+) -> CheckResult {
     let device = open()?;
     let window = device
         .map_bar(index, 2, 0, 4096)
         .map_err(|e| e.to_string())?;
+    let seen = device
+        .map_bar(witness, 2, 0, 4096)
+        .map_err(|e| e.to_string())?;
+    let read = |window: &pcieipc::device::MappedWindow| {
+        let mut byte = [0u8; 1];
+        window.read(0, &mut byte);
+        byte[0]
+    };
     window.write(0, &[0x5a]);
+    if read(&seen) != 0x5a {
+        return Err(format!(
+            "device {witness} reads {:#x}, not the 0x5a written through device {index}",
+            read(&seen)
+        ));
+    }
     std::fs::write(ready, b"mapped\n").map_err(|e| e.to_string())?;
     while !go.exists() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let mut byte = [0u8; 1];
-    window.read(0, &mut byte);
-    println!("mmap-touch: read {:#x} after the go signal", byte[0]);
+    let after = read(&window);
+    window.write(0, &[0xa7]);
+    println!(
+        "mmap-touch: after the go signal device {index}'s window read {after:#x}, then took 0xa7; \
+         device {witness} reads {:#x}",
+        read(&seen)
+    );
+    if read(&seen) != 0x5a {
+        return Err("the write through the unbound device's window reached the region".into());
+    }
     Ok(())
 }

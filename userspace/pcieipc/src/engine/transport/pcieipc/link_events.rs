@@ -1,7 +1,9 @@
 //! The link under a pcieipc rank's device, followed through the module's
 //! event stream: AER events for the device raise its recent error count, and
 //! a watch on the device's link turns speed and width changes into
-//! LINK_CHANGE events. The communicator polls it without blocking between
+//! LINK_CHANGE events. Any device the module reports lost (DEVICE_GONE, a
+//! permanent failure) is passed on too: it may be a peer's, whose rank can
+//! no longer say so through the memory that went with it. The communicator polls it without blocking between
 //! calls and publishes what changed, so the next calls are planned for it;
 //! each error is also reported as a fault, for the communicator to act on
 //! (`engine::fault_policy`), with the end of the kernel's recovery from it
@@ -25,7 +27,7 @@ use crate::probe::link::LinkSpeed;
 
 use super::PcieipcError;
 use crate::engine::chunk::{LinkFacts, RecentErrors};
-use crate::engine::fault_policy::{retrain_if_degraded, Fault, Recovery};
+use crate::engine::fault_policy::{retrain_if_degraded, Fault, Loss, Recovery};
 use crate::engine::transport::LinkPoll;
 
 /// How often the module's watch reads the link's status.
@@ -90,14 +92,10 @@ enum TracefsFact {
 /// anything else. A `resume` ends it; a permanent failure, a `disconnect`
 /// result or the device gone end it for good.
 fn recovery_after(event: &Event, before: Option<Recovery>) -> Option<Recovery> {
+    if let Some(loss) = loss(event) {
+        return Some(loss.recovery());
+    }
     match event.kind {
-        EventKind::DeviceGone => Some(Recovery::Gone),
-        EventKind::Aer
-            if event.channel_state == Some("permanent_failure")
-                || event.result.as_deref() == Some("disconnect") =>
-        {
-            Some(Recovery::Failed)
-        }
         EventKind::Aer if event.aer_step == Some("error_detected") => None,
         EventKind::Aer if event.aer_step == Some("resume") => Some(Recovery::Recovered),
         _ => before,
@@ -127,58 +125,65 @@ pub(crate) struct LinkEvents {
     /// Whether this rank added the watch (and so removes it on drop); another
     /// process's watch on the same link serves as well.
     watching: bool,
-    speed_gt_s: f32,
-    width: u8,
+    /// The link's speed and width, where the module reads one above the
+    /// device (none on a root bus: then only faults are followed).
+    link: Option<(f32, u8)>,
     aer_errors: RecentErrors,
     /// The faults read since the last poll.
     faults: Vec<Fault>,
+    /// Other devices the module reported lost since the last poll.
+    lost_elsewhere: Vec<Fault>,
     /// How the kernel's last recovery of the device ended; `None` while one
     /// runs.
     recovery: Option<Recovery>,
     /// What `poll` last returned.
-    published: LinkFacts,
+    published: Option<LinkFacts>,
     /// The port above the device and the kernel's tracepoints, where the
     /// job opted in (`PCIEIPC_LINK_TRACEFS`).
     trace: Option<(String, TraceSession)>,
 }
 
 impl LinkEvents {
-    /// Follows the link above `mine` from its status now (the device list
-    /// holds the status at bind time); `None` when the module reads no link
-    /// speed above it (a device on a root bus), which leaves nothing to follow.
-    pub(super) fn open(mine: &BoundDevice) -> Result<Option<LinkEvents>, PcieipcError> {
+    /// Follows the device `mine` and the link above it, from its status now
+    /// (the device list holds the status at bind time); a device on a root
+    /// bus has no link, and only its faults are followed.
+    pub(super) fn open(mine: &BoundDevice) -> Result<LinkEvents, PcieipcError> {
         let mut device = Device::open_with(DEFAULT_PATH, true)?;
         // A new file's cursor starts at the oldest event the module keeps:
         // skip what happened before this job.
         while !read_available(&mut device)?.is_empty() {}
         // The module names devices in PCI address form, in domains its ABI
-        // encodes (it refuses the others): anything else has no link to follow.
-        let Some(abi_bdf) = mine
+        // encodes (it refuses the others).
+        let abi_bdf = mine
             .bdf
             .parse::<Bdf>()
             .ok()
-            .and_then(|bdf| bdf.to_abi().ok())
-        else {
-            return Ok(None);
+            .and_then(|bdf| bdf.to_abi().ok());
+        let link = match abi_bdf {
+            Some(abi_bdf) => {
+                let status = device.link_status(abi_bdf)?;
+                LinkSpeed::from_encoding(status.speed)
+                    .map(|speed| (speed.gigatransfers_per_second() as f32, status.width))
+            }
+            None => None,
         };
-        let link = device.link_status(abi_bdf)?;
-        let Some(speed) = LinkSpeed::from_encoding(link.speed) else {
-            return Ok(None);
+        let watching = match (abi_bdf, link) {
+            (Some(abi_bdf), Some(_)) => match device.watch(abi_bdf, WATCH_PERIOD) {
+                Ok(()) => true,
+                Err(error) if error.errno() == Some(nix::errno::Errno::EEXIST) => false,
+                Err(error) => return Err(error.into()),
+            },
+            _ => false,
         };
-        let watching = match device.watch(abi_bdf, WATCH_PERIOD) {
-            Ok(()) => true,
-            Err(error) if error.errno() == Some(nix::errno::Errno::EEXIST) => false,
-            Err(error) => return Err(error.into()),
-        };
-        let facts = LinkFacts {
-            speed_gt_s: speed.gigatransfers_per_second() as f32,
-            width: link.width,
+        let published = link.map(|(speed_gt_s, width)| LinkFacts {
+            speed_gt_s,
+            width,
             recent_aer_errors: 0,
             // The module watches PCIe functions; NVLink is the probe's to see.
             over_nvlink: false,
-        };
-        let trace = match (tracefs_root(), &mine.upstream_bdf) {
-            (Some(root), Some(port)) => {
+        });
+        let trace = match (tracefs_root(), &mine.upstream_bdf, link) {
+            (Some(root), Some(port), Some(_)) => {
                 let name = format!("pcieipc-rank-{}", std::process::id());
                 // The job asked for it: a failure is reported, not ignored.
                 let session =
@@ -190,29 +195,29 @@ impl LinkEvents {
             }
             _ => None,
         };
-        Ok(Some(LinkEvents {
+        Ok(LinkEvents {
             device,
             bdf: mine.bdf.clone(),
             watching,
-            speed_gt_s: facts.speed_gt_s,
-            width: facts.width,
+            link,
             aer_errors: RecentErrors::default(),
             faults: Vec::new(),
+            lost_elsewhere: Vec::new(),
             recovery: Some(Recovery::Recovered),
-            published: facts,
+            published,
             trace,
-        }))
+        })
     }
 
-    /// The link as it stands now.
-    pub(super) fn facts(&self) -> LinkFacts {
+    /// The link as it stands now, where there is one.
+    pub(super) fn facts(&self) -> Option<LinkFacts> {
         self.published
     }
 
     /// Reads the events that arrived since the last poll (never blocking) and
-    /// returns the link's facts if they changed, and the faults. A failed
-    /// read keeps the last facts: a device in trouble fails the transport's
-    /// own calls.
+    /// returns the link's facts if they changed, the faults, and the other
+    /// devices the module reported lost. A failed read keeps the last facts:
+    /// a device in trouble fails the transport's own calls.
     pub(super) fn poll(&mut self) -> LinkPoll {
         self.read_module_events();
         if let Some((port, session)) = self.trace.as_mut() {
@@ -229,32 +234,29 @@ impl LinkEvents {
                 match fact {
                     TracefsFact::NewError => {
                         self.aer_errors.record();
-                        self.faults.push(Fault {
-                            bdf: event.bdf.clone(),
-                            errors: event.errors.clone(),
-                            device_gone: false,
-                        });
+                        self.faults
+                            .push(Fault::error(event.bdf.clone(), event.errors.clone()));
                     }
                     TracefsFact::Link { speed_gt_s, width } => {
-                        self.speed_gt_s = speed_gt_s;
-                        self.width = width;
+                        self.link = Some((speed_gt_s, width));
                     }
                 }
             }
         }
-        let facts = LinkFacts {
-            speed_gt_s: self.speed_gt_s,
-            width: self.width,
+        let facts = self.link.map(|(speed_gt_s, width)| LinkFacts {
+            speed_gt_s,
+            width,
             recent_aer_errors: self.aer_errors.count(),
             over_nvlink: false,
-        };
+        });
         let changed = (facts != self.published).then(|| {
             self.published = facts;
             facts
         });
         LinkPoll {
-            facts: changed,
+            facts: changed.flatten(),
             faults: std::mem::take(&mut self.faults),
+            lost_elsewhere: std::mem::take(&mut self.lost_elsewhere),
         }
     }
 
@@ -265,16 +267,14 @@ impl LinkEvents {
     pub(super) fn retrain_degraded(&mut self) -> Option<LinkFacts> {
         let bdf = self.bdf.parse::<Bdf>().ok()?;
         let after = retrain_if_degraded(&self.device, bdf)?;
-        if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
-            self.speed_gt_s = speed.gigatransfers_per_second() as f32;
-        }
-        self.width = after.width;
-        self.published = LinkFacts {
-            speed_gt_s: self.speed_gt_s,
-            width: self.width,
-            ..self.published
-        };
-        Some(self.published)
+        let speed = LinkSpeed::from_encoding(after.speed)
+            .map(|speed| speed.gigatransfers_per_second() as f32);
+        let (speed_gt_s, _) = self.link?;
+        self.link = Some((speed.unwrap_or(speed_gt_s), after.width));
+        let published = self.published.as_mut()?;
+        published.speed_gt_s = speed.unwrap_or(speed_gt_s);
+        published.width = after.width;
+        Some(*published)
     }
 
     /// Waits at most `bound` for the kernel's recovery of the device to end,
@@ -295,8 +295,8 @@ impl LinkEvents {
         }
     }
 
-    /// Applies the module's events for the device that arrived since the
-    /// last read.
+    /// Applies the module's events that arrived since the last read: all
+    /// of this rank's device, and the losses of others.
     fn read_module_events(&mut self) {
         while let Ok(events) = read_available(&mut self.device) {
             if events.is_empty() {
@@ -305,6 +305,11 @@ impl LinkEvents {
             for event in &events {
                 if event.bdf == self.bdf {
                     self.apply(event);
+                } else if let Some(loss) = loss(event) {
+                    self.lost_elsewhere.push(Fault {
+                        lost: Some(loss),
+                        ..Fault::error(event.bdf.clone(), event.errors.clone())
+                    });
                 }
             }
         }
@@ -314,23 +319,39 @@ impl LinkEvents {
         if reports_new_error(event) {
             self.aer_errors.record();
         }
-        if reports_new_error(event) || event.kind == EventKind::DeviceGone {
+        let lost = loss(event);
+        if reports_new_error(event) || lost.is_some() {
             self.faults.push(Fault {
-                bdf: event.bdf.clone(),
-                errors: event.errors.clone(),
-                device_gone: event.kind == EventKind::DeviceGone
-                    || event.channel_state == Some("permanent_failure"),
+                lost,
+                ..Fault::error(event.bdf.clone(), event.errors.clone())
             });
         }
         self.recovery = recovery_after(event, self.recovery);
         if event.kind == EventKind::LinkChange {
             if let Some(after) = &event.link_after {
-                if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
-                    self.speed_gt_s = speed.gigatransfers_per_second() as f32;
+                let speed = LinkSpeed::from_encoding(after.speed)
+                    .map(|speed| speed.gigatransfers_per_second() as f32);
+                if let (Some(speed), Some(link)) = (speed, self.link.as_mut()) {
+                    *link = (speed, after.width);
                 }
-                self.width = after.width;
             }
         }
+    }
+}
+
+/// The loss a module event reports, if it reports one: DEVICE_GONE (removed
+/// or unbound; a watch's config reads of all ones), or the kernel giving the
+/// device up after an error.
+fn loss(event: &Event) -> Option<Loss> {
+    if event.kind == EventKind::DeviceGone {
+        Some(Loss::Removed)
+    } else if event.kind == EventKind::Aer
+        && (event.channel_state == Some("permanent_failure")
+            || event.result.as_deref() == Some("disconnect"))
+    {
+        Some(Loss::GivenUp)
+    } else {
+        None
     }
 }
 

@@ -83,7 +83,8 @@ pub(crate) struct Doorbells {
     /// The interrupt count of this rank's vector that the last wait returned:
     /// a doorbell rung since makes the next wait return at once.
     seen_interrupts: Cell<u64>,
-    /// The link above the device, where the module reads one.
+    /// The device's faults and the link above it (set once the rank is
+    /// set up).
     link_events: Option<LinkEvents>,
 }
 
@@ -179,7 +180,7 @@ impl Signalling for Doorbells {
     }
 
     fn device_link(&self) -> Option<LinkFacts> {
-        self.link_events.as_ref().map(LinkEvents::facts)
+        self.link_events.as_ref().and_then(LinkEvents::facts)
     }
 
     fn poll_link(&mut self) -> LinkPoll {

@@ -13,6 +13,7 @@ use super::link_events::LinkEvents;
 use super::{Doorbells, PcieipcError, PcieipcTransport, SHARED_BAR, VECTOR};
 use crate::device::{BoundDevice, Device, DeviceKind, DeviceState, DEFAULT_PATH};
 use crate::engine::error::EngineError;
+use crate::probe::bdf::Bdf;
 
 /// A tag only this job's rank 0 writes: FNV-1a of the rendezvous name and
 /// rank 0's pid, both of which every rank knows after the rendezvous.
@@ -92,7 +93,7 @@ impl PcieipcTransport {
                     let unattached =
                         Self::map(open()?, rank, nranks, requested, chosen).map_err(fail)?;
                     unattached.initialise(job_tag(name, std::process::id()));
-                    unattached.publish_peer_id();
+                    unattached.publish_device();
                     Ok(unattached)
                 })?;
             unattached.watch(joined.pids)
@@ -107,11 +108,11 @@ impl PcieipcTransport {
                     device: unattached.signalling.mine.index,
                 }));
             }
-            unattached.publish_peer_id();
+            unattached.publish_device();
             unattached.watch(joined.pids)
         }?;
         transport.signalling.link_events =
-            LinkEvents::open(&transport.signalling.mine).map_err(fail)?;
+            Some(LinkEvents::open(&transport.signalling.mine).map_err(fail)?);
         Ok(transport)
     }
 
@@ -159,9 +160,19 @@ impl PcieipcTransport {
         Ok(PcieipcTransport::new(rank, segment, doorbells))
     }
 
-    /// Tells the peers which doorbell wakes this rank; done before it can
-    /// first sleep.
-    fn publish_peer_id(&self) {
+    /// Tells the peers which device this rank maps the region through and
+    /// which doorbell wakes it; done before it can first sleep.
+    fn publish_device(&self) {
+        if let Some(bdf) = self
+            .signalling
+            .mine
+            .bdf
+            .parse::<Bdf>()
+            .ok()
+            .and_then(|bdf| bdf.to_abi().ok())
+        {
+            self.segment.publish_device(self.rank, bdf);
+        }
         self.segment
             .control(self.rank)
             .status

@@ -35,6 +35,11 @@ pub(crate) struct RankStatus {
     /// pcieipc: peer id + 1 of this rank's device, written before it first
     /// sleeps.
     pub(crate) peer_id: AtomicU32,
+    /// `PCIEIPC_BDF` + 1 of the device this rank maps the segment through
+    /// (0: none), written with `peer_id`: a rank that sees a device lost in
+    /// the module's events learns whose it was here, since that rank's own
+    /// writes went with its device.
+    pub(crate) device: AtomicU32,
     /// `LinkFacts::to_word` of the link under this rank's ring hop.
     pub(crate) link: AtomicU64,
     /// shm: the address of this very word in this rank's process, written

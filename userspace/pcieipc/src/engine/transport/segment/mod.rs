@@ -9,7 +9,7 @@ mod layout;
 mod peers;
 mod region;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crate::engine::comm::CallDescriptor;
 use crate::engine::error::EngineError;
 use crate::engine::failure::Failure;
 use crate::engine::fault_policy::Recovery;
+use crate::probe::bdf::Bdf;
 
 /// Rounds the requested window sizes so every slot starts on a page.
 pub(crate) fn page_aligned(sizes: WindowSizes) -> WindowSizes {
@@ -111,6 +112,9 @@ pub(crate) struct SegmentTransport<S> {
     /// When this rank woke sleeping peers (CLOCK_MONOTONIC ns), kept only
     /// while the communicator traces (`log_wakes`).
     wakes: RefCell<Option<Vec<u64>>>,
+    /// This rank's failure once the device its segment lives in is lost:
+    /// what the segment holds since is not the job's.
+    lost: Cell<Option<Failure>>,
 }
 
 // SAFETY: the mapping is process-wide and every shared field is accessed through
@@ -126,6 +130,7 @@ impl<S: Signalling> SegmentTransport<S> {
             signalling,
             peers: PeerWatch::default(),
             wakes: RefCell::new(None),
+            lost: Cell::new(None),
         }
     }
 
@@ -292,7 +297,22 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
     }
 
     fn poll_link(&mut self) -> LinkPoll {
-        self.signalling.poll_link()
+        let mut poll = self.signalling.poll_link();
+        // Another rank's device lost: that rank fails, but what it records
+        // goes with its device's memory, so every rank that sees the loss
+        // names it.
+        for mut fault in std::mem::take(&mut poll.lost_elsewhere) {
+            let bdf = fault
+                .bdf
+                .parse::<Bdf>()
+                .ok()
+                .and_then(|bdf| bdf.to_abi().ok());
+            fault.peer = bdf.and_then(|bdf| self.segment.rank_of_device(bdf));
+            if fault.peer.is_some_and(|peer| peer != self.rank) {
+                poll.faults.push(fault);
+            }
+        }
+        poll
     }
 
     fn await_recovery(&mut self, bound: Duration) -> Recovery {
@@ -308,10 +328,20 @@ impl<S: Signalling> Transport for SegmentTransport<S> {
     }
 
     fn abort(&self, failure: Failure) -> Failure {
+        if let Some(standing) = self.lost.get() {
+            return standing;
+        }
+        // A rank whose segment lives in its own device's memory loses the
+        // segment with the device: it keeps its failure to itself (the
+        // peers see the same loss in the module's events).
+        if S::CAPABILITIES.device_memory && failure.lost_device_of() == Some(self.rank) {
+            self.lost.set(Some(failure));
+            return failure;
+        }
         self.segment.abort(failure, || S::wake_all(self))
     }
 
     fn failure(&self) -> Option<Failure> {
-        self.segment.failure()
+        self.lost.get().or_else(|| self.segment.failure())
     }
 }

@@ -116,6 +116,23 @@ impl Segment {
         self.control(rank).status.departed.load(Ordering::Acquire) != 0
     }
 
+    /// Publishes `bdf` (`PCIEIPC_BDF` form) as the device `rank` maps the
+    /// segment through.
+    pub(crate) fn publish_device(&self, rank: usize, bdf: u32) {
+        self.control(rank)
+            .status
+            .device
+            .store(bdf.wrapping_add(1), Ordering::Release);
+    }
+
+    /// The rank that published device `bdf`, if one did.
+    pub(crate) fn rank_of_device(&self, bdf: u32) -> Option<usize> {
+        (0..self.layout().nranks).find(|&rank| {
+            let published = self.control(rank).status.device.load(Ordering::Acquire);
+            published != 0 && published.wrapping_sub(1) == bdf
+        })
+    }
+
     pub(crate) fn publish_call(&self, rank: usize, seq: u64, call: CallDescriptor) {
         // A seqlock: readers that see the sequence change under them discard
         // what they read.
@@ -191,12 +208,9 @@ mod tests {
     use crate::engine::chunk::{ChunkPolicy, LinkFacts};
     use crate::engine::transport::{WindowSizes, SIGNALS};
 
-    /// 10,000 control areas of random words, as a hostile peer may leave
-    /// them: every accessor a rank reads a peer's state through returns a
-    /// value in range or nothing, never panics.
-    #[test]
-    fn random_control_blocks_read_as_values_in_range() {
-        let nranks = 3;
+    /// A zeroed segment of `nranks` small windows in memory of its own,
+    /// with its base and allocation (for the caller to free).
+    fn zeroed_segment(nranks: usize) -> (Segment, NonNull<u8>, std::alloc::Layout) {
         let sizes = WindowSizes {
             slot_bytes: 4096,
             raw_slots: 1,
@@ -208,9 +222,35 @@ mod tests {
         let allocation = std::alloc::Layout::from_size_align(layout.total, 4096).unwrap();
         // SAFETY: a non-zero size and a valid alignment.
         let base = NonNull::new(unsafe { std::alloc::alloc_zeroed(allocation) }).unwrap();
-        // SAFETY: page aligned, `layout.total` bytes, freed only after the
-        // last use of the segment below; only this test writes it.
+        // SAFETY: page aligned, `layout.total` bytes, freed by the caller
+        // only after the last use of the segment; only the test writes it.
         let segment = unsafe { Segment::new(base, layout) };
+        (segment, base, allocation)
+    }
+
+    #[test]
+    fn a_published_device_names_its_rank_and_an_unpublished_one_none() {
+        let (segment, base, allocation) = zeroed_segment(3);
+        // Nothing published: a zeroed block is no device, not BDF 0.
+        assert_eq!(segment.rank_of_device(0), None);
+        segment.publish_device(0, 0x0100);
+        segment.publish_device(2, 0x0500);
+        assert_eq!(segment.rank_of_device(0x0100), Some(0));
+        assert_eq!(segment.rank_of_device(0x0500), Some(2));
+        assert_eq!(segment.rank_of_device(0x0400), None);
+        assert_eq!(segment.rank_of_device(0), None);
+        // SAFETY: allocated by `zeroed_segment` with this layout; unused now.
+        unsafe { std::alloc::dealloc(base.as_ptr(), allocation) };
+    }
+
+    /// 10,000 control areas of random words, as a hostile peer may leave
+    /// them: every accessor a rank reads a peer's state through returns a
+    /// value in range or nothing, never panics.
+    #[test]
+    fn random_control_blocks_read_as_values_in_range() {
+        let nranks = 3;
+        let (segment, base, allocation) = zeroed_segment(nranks);
+        let layout = segment.layout();
         let words = layout.windows / 8;
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut random = move || {
@@ -234,6 +274,9 @@ mod tests {
                     assert!(peer < nranks, "blocked on {peer}");
                 }
                 let _ = segment.departed(rank);
+                if let Some(owner) = segment.rank_of_device(random() as u32) {
+                    assert!(owner < nranks, "device of rank {owner}");
+                }
                 for seq in 0..4 {
                     let _ = segment.published_call(rank, seq);
                 }
