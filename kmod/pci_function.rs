@@ -304,6 +304,35 @@ impl PciFunction {
             source_bdf: self.bdf(),
         }
     }
+
+    /// The AER registers that logged an error reported for this function:
+    /// those of the first function from this one up to the root port whose
+    /// status holds an unmasked error (a conventional endpoint has no AER
+    /// capability, and a port two switches up may be the one that logged
+    /// it), else of the nearest with an AER capability, else this
+    /// function's (absent).
+    pub(crate) fn logged_aer_regs(&self) -> uapi::pcieipc_aer_regs {
+        let logs = |regs: &uapi::pcieipc_aer_regs| {
+            regs.uncor_status & !regs.uncor_mask != 0 || regs.cor_status & !regs.cor_mask != 0
+        };
+        let own = self.aer_regs();
+        if logs(&own) {
+            return own;
+        }
+        let mut nearest = (own.present != 0).then_some(own);
+        let mut above = self.upstream_bridge();
+        while let Some(port) = above {
+            let regs = port.aer_regs();
+            if logs(&regs) {
+                return regs;
+            }
+            if regs.present != 0 {
+                nearest.get_or_insert(regs);
+            }
+            above = port.upstream_bridge();
+        }
+        nearest.unwrap_or(own)
+    }
 }
 
 impl Clone for PciFunction {

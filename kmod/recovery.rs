@@ -24,9 +24,9 @@ enum Transition {
     Gone,
 }
 
-/// Records one callback: the registers of the nearest AER capability (the
-/// device's own, else its upstream port's, where errors of a conventional
-/// endpoint are logged) and the result returned; updates the device state
+/// Records one callback: the AER registers that logged the error (the
+/// device's own, or a port's above it: `PciFunction::logged_aer_regs`) and
+/// the result returned; updates the device state
 /// (a freeze or thaw before the event, the device's end after it).
 fn record(
     pdev: &pci::Device<Bound>,
@@ -40,16 +40,7 @@ fn record(
         return result;
     };
     let aer = PciFunction::find(bdf)
-        .map(|function| {
-            let own = function.aer_regs();
-            if own.present != 0 {
-                own
-            } else {
-                function
-                    .upstream_bridge()
-                    .map_or(own, |port| port.aer_regs())
-            }
-        })
+        .map(|function| function.logged_aer_regs())
         .unwrap_or_default();
     let event = uapi::pcieipc_event {
         kind: uapi::PCIEIPC_EVENT_AER,

@@ -84,14 +84,6 @@ impl Watch {
         delayed_work::flush(&self.work);
     }
 
-    /// The AER registers of the link's port, where errors of a link that
-    /// changes or goes away are logged.
-    fn port_aer(&self) -> uapi::pcieipc_aer_regs {
-        self.function
-            .upstream_bridge()
-            .map_or_else(|| self.function.aer_regs(), |port| port.aer_regs())
-    }
-
     /// One check: heartbeat first (a gone device also has no link to read).
     fn check(&self) -> bool {
         let ids = self.function.config_read32(0);
@@ -106,7 +98,7 @@ impl Watch {
             self.events.emit(uapi::pcieipc_event {
                 kind: uapi::PCIEIPC_EVENT_DEVICE_GONE,
                 bdf: self.bdf,
-                aer: self.port_aer(),
+                aer: self.function.logged_aer_regs(),
                 link_before: last,
                 link_after: link::status(&self.function),
                 ..Default::default()
@@ -128,7 +120,7 @@ impl Watch {
             self.events.emit(uapi::pcieipc_event {
                 kind: uapi::PCIEIPC_EVENT_LINK_CHANGE,
                 bdf: self.bdf,
-                aer: self.port_aer(),
+                aer: self.function.logged_aer_regs(),
                 link_before: before,
                 link_after: now,
                 ..Default::default()

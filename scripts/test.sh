@@ -79,7 +79,7 @@ datapath.toml lockdown.sh
 bigbar.toml long-copy.sh
 ivshmem-quad.toml datapath-ring4.sh
 engine-pcieipc.toml engine-pcieipc.sh
-engine-pcieipc.toml engine-removal.sh
+engine-removal.toml engine-removal.sh
 engine-aer.toml engine-aer.sh
 engine-aer.toml engine-tracefs.sh
 engine-aer.toml engine-fatal.sh

@@ -90,10 +90,14 @@ enum TracefsFact {
 /// for an error that starts one (unfinished until a later step ends it),
 /// the outcome for a step that ends it, and the recovery as it was for
 /// anything else. A `resume` ends it; a permanent failure, a `disconnect`
-/// result or the device gone end it for good.
+/// result or the device gone end it for good, and the first of those stands
+/// (a device the kernel gave up then leaves: DEVICE_GONE follows).
 fn recovery_after(event: &Event, before: Option<Recovery>) -> Option<Recovery> {
     if let Some(loss) = loss(event) {
-        return Some(loss.recovery());
+        return match before {
+            Some(Recovery::Failed | Recovery::Gone) => before,
+            _ => Some(loss.recovery()),
+        };
     }
     match event.kind {
         EventKind::Aer if event.aer_step == Some("error_detected") => None,
@@ -464,6 +468,11 @@ mod tests {
             0,
         );
         assert_eq!(recovery_after(&gone, None), Some(Recovery::Gone));
+        assert_eq!(
+            recovery_after(&gone, recovery_after(&lost, None)),
+            Some(Recovery::Failed),
+            "given up, then gone: the kernel gave it up"
+        );
         // A link change says nothing about a recovery.
         let link = Event::new(
             EventSource::Module,
