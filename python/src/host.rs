@@ -7,49 +7,13 @@ use std::time::Duration;
 
 use pcieipc::engine::cuda::CudaCommunicator;
 use pcieipc::engine::{
-    bf16, f16, CommOptions, Communicator as EngineCommunicator, DType, EngineError, JobSecret,
-    ReduceOp, TransportOptions,
+    CommOptions, Communicator as EngineCommunicator, EngineError, JobSecret, ReduceOp,
+    TransportOptions,
 };
 use pyo3::prelude::*;
 
 use crate::errors::{invalid, to_python};
 use crate::memory::{Device, Memory};
-
-/// Runs `$body` with `$T` the Rust element type of `$dtype`.
-macro_rules! with_element {
-    ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::Bf16 => {
-                type $T = bf16;
-                $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
-        }
-    };
-}
 
 /// Whose host communicator this is: its own, or a CUDA communicator's
 /// control plane (shared with that object).
@@ -265,7 +229,7 @@ impl Communicator {
         let Some(output) = output else {
             let buffer = self.host_memory(input, "all_reduce buffer", true)?;
             return self.run(py, |comm| {
-                with_element!(buffer.dtype, T => {
+                pcieipc::with_element!(buffer.dtype, T => {
                     // SAFETY: `buffer` is the caller's writable memory of
                     // `count` elements of T, held for the call.
                     comm.all_reduce_in_place(unsafe { slice_mut::<T>(&buffer) }, op)
@@ -283,7 +247,7 @@ impl Communicator {
         }
         let in_place = source.address == target.address;
         self.run(py, |comm| {
-            with_element!(source.dtype, T => {
+            pcieipc::with_element!(source.dtype, T => {
                 if in_place {
                     // SAFETY: as above; one buffer.
                     comm.all_reduce_in_place(unsafe { slice_mut::<T>(&target) }, op)
@@ -317,7 +281,7 @@ impl Communicator {
             ));
         }
         self.run(py, |comm| {
-            with_element!(source.dtype, T => {
+            pcieipc::with_element!(source.dtype, T => {
                 // SAFETY: disjoint buffers of the caller's, held for the call.
                 comm.reduce_scatter(unsafe { slice::<T>(&source) }, unsafe { slice_mut::<T>(&target) }, op)
             })
@@ -344,7 +308,7 @@ impl Communicator {
             ));
         }
         self.run(py, |comm| {
-            with_element!(source.dtype, T => {
+            pcieipc::with_element!(source.dtype, T => {
                 if in_place {
                     // The engine takes input and output as separate slices:
                     // this rank's part is copied out first.
@@ -365,7 +329,7 @@ impl Communicator {
     fn broadcast(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
         let buffer = self.host_memory(buffer, "broadcast buffer", true)?;
         self.run(py, |comm| {
-            with_element!(buffer.dtype, T => {
+            pcieipc::with_element!(buffer.dtype, T => {
                 // SAFETY: the caller's writable memory, held for the call.
                 comm.broadcast(unsafe { slice_mut::<T>(&buffer) }, root)
             })

@@ -486,15 +486,7 @@ fn run_collective<C: Collective>(
     if let Some(late_ms) = args.late_peer_ms {
         return late_peer(&mut comm, Duration::from_millis(late_ms), args.spin_us);
     }
-    match args.datatype {
-        DType::F32 => sweep::<C, f32>(&mut comm, args, init_ms[0]),
-        DType::F64 => sweep::<C, f64>(&mut comm, args, init_ms[0]),
-        DType::F16 => sweep::<C, f16>(&mut comm, args, init_ms[0]),
-        DType::Bf16 => sweep::<C, bf16>(&mut comm, args, init_ms[0]),
-        DType::I32 => sweep::<C, i32>(&mut comm, args, init_ms[0]),
-        DType::I64 => sweep::<C, i64>(&mut comm, args, init_ms[0]),
-        DType::U8 => sweep::<C, u8>(&mut comm, args, init_ms[0]),
-    }
+    pcieipc::with_element!(args.datatype, T => sweep::<C, T>(&mut comm, args, init_ms[0]))
 }
 
 /// CPU time this thread has run, from the scheduler's own accounting

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::html::{parse_monitor_lines, render_html, MonitorEvent};
 use anyhow::Context;
 use pcieipc::plan::CostModel;
-use pcieipc::probe::html::{parse_monitor_lines, render_html, MonitorEvent};
 use pcieipc::probe::nvlink::{GpuNvlinkState, NvlinkRemote};
 use pcieipc::probe::report::{DeviceReport, GpuPairReport, GpuReport, LinkReport, RingPlanReport};
 use pcieipc::probe::{

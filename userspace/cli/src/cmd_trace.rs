@@ -41,7 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bail!("usage: pcieipc trace -o OUT.svg [--calls N] svg FILE");
         };
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
-        let svg = trace::timeline_svg(&text, args.calls)
+        let svg = crate::trace_svg::timeline_svg(&text, args.calls)
             .with_context(|| format!("{file} is not a trace"))?;
         std::fs::write(&args.output, svg)
             .with_context(|| format!("writing {}", args.output.display()))?;

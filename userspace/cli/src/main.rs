@@ -14,8 +14,10 @@ mod cmd_link;
 mod cmd_monitor;
 mod cmd_probe;
 mod cmd_trace;
+mod html;
 mod monitor_service;
 mod probe_watch;
+mod trace_svg;
 
 #[derive(Parser)]
 #[command(

@@ -9,6 +9,45 @@ use std::str::FromStr;
 
 pub use half::{bf16, f16};
 
+/// Runs `$body` with `$T` the Rust element type of the `DType` value
+/// `$dtype`: the one place a run-time element type becomes a compile-time
+/// one (the CLI's bench and the Python binding use it).
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::engine::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::engine::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::engine::DType::F16 => {
+                type $T = $crate::engine::f16;
+                $body
+            }
+            $crate::engine::DType::Bf16 => {
+                type $T = $crate::engine::bf16;
+                $body
+            }
+            $crate::engine::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::engine::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::engine::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+        }
+    };
+}
+
 /// The element type of a collective's buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]

@@ -24,7 +24,6 @@ pub mod config_space;
 pub mod doctor;
 pub mod error;
 pub mod health;
-pub mod html;
 pub mod link;
 pub mod names;
 pub mod nvlink;

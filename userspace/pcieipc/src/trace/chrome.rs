@@ -16,7 +16,7 @@ pub enum TraceError {
     BadEvent { index: usize, what: &'static str },
 }
 
-pub(super) fn events(text: &str) -> Result<Vec<Value>, TraceError> {
+pub fn events(text: &str) -> Result<Vec<Value>, TraceError> {
     let mut trace: Value = serde_json::from_str(text)?;
     match trace.get_mut("traceEvents").map(Value::take) {
         Some(Value::Array(events)) => Ok(events),

@@ -15,11 +15,9 @@
 
 pub mod chrome;
 mod record;
-mod svg;
 
 pub use chrome::{merge, summarise, Summary, TraceError};
 pub(crate) use record::{Arg, Recorder};
-pub use svg::timeline_svg;
 
 /// Names the file prefix every rank of a traced job writes to.
 pub const TRACE_ENV: &str = "PCIEIPC_TRACE";

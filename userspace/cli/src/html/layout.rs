@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::probe::report::ProbeReport;
+use pcieipc::probe::ProbeReport;
 
 pub(super) const NODE_WIDTH: f64 = 104.0;
 pub(super) const NODE_HEIGHT: f64 = 38.0;

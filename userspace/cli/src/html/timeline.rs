@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use crate::events::speed_gts;
+use pcieipc::events::speed_gts;
 
 /// One line of `pcieipc monitor --json`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

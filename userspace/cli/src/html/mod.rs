@@ -21,19 +21,14 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-pub use timeline::{
-    parse_monitor_lines, MonitorAerError, MonitorEvent, MonitorLinesError, MonitorLink,
-};
+pub use timeline::{parse_monitor_lines, MonitorEvent};
 
 use self::layout::{layout_tree, Point, TreeLayout, MARGIN, NODE_HEIGHT, NODE_WIDTH};
-use super::bdf::Bdf;
-use super::doctor::Severity;
-use super::link::{LinkSpeed, LinkState};
-use super::report::{
+use pcieipc::plan::RingMethod;
+use pcieipc::probe::report::{
     DeviceReport, GpuPairReport, LinkReport, ProbeReport, RingPlanReport, AER_NOT_REPORTED,
 };
-use super::topology::DeviceKind;
-use crate::plan::RingMethod;
+use pcieipc::probe::{Bdf, DeviceKind, LinkSpeed, LinkState, Severity};
 
 const STYLE: &str = include_str!("page.css");
 const SCRIPT: &str = include_str!("page.js");
@@ -1076,8 +1071,8 @@ pub(super) mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::plan::CostModel;
-    use crate::probe::{HealthModel, NvlinkSource, Nvlinks, NvmlFixture, Topology};
+    use pcieipc::plan::CostModel;
+    use pcieipc::probe::{HealthModel, NvlinkSource, Nvlinks, NvmlFixture, Topology};
 
     fn fixture(name: &str) -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
