@@ -312,7 +312,7 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
         // Every failed rank is said (one killed by a signal is never
         // hidden behind another's error); the first one's status is the job's.
         if !status.success() {
-            crate::eprint_line(&format!("pcieipc bench: rank {rank} {status}"));
+            crate::output::eprint_line(&format!("pcieipc bench: rank {rank} {status}"));
             if !failed {
                 failed = true;
                 exit = ExitCode::from(status.code().map_or(2, |code| code.clamp(1, 255) as u8));
@@ -321,7 +321,7 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if let (Some(parts), Some(file)) = (&trace_parts, &args.trace) {
         let ranks = parts.merge_into(file)?;
-        crate::eprint_line(&format!("# trace: {} ({ranks} ranks)", file.display()));
+        crate::output::eprint_line(&format!("# trace: {} ({ranks} ranks)", file.display()));
     }
     Ok(exit)
 }
@@ -876,10 +876,10 @@ fn sweep<C: Collective, T: BenchElement>(
     // is not cut by rank 0's table in a shared log.
     let rank = comm.rank();
     for fault in comm.host().faults() {
-        crate::eprint_line(&format!("# rank {rank} fault {fault}"));
+        crate::output::eprint_line(&format!("# rank {rank} fault {fault}"));
     }
     for resend in comm.host().resends() {
-        crate::eprint_line(&format!("# rank {rank} resend {resend}"));
+        crate::output::eprint_line(&format!("# rank {rank} resend {resend}"));
     }
     let avg_busbw = busbw_sum / (2 * sizes.len()) as f64;
     if leader {

@@ -36,8 +36,8 @@ use pcieipc::{
     metrics::EventCounts,
 };
 
-use crate::eprint_line;
 use crate::monitor_service::{self, MetricsServer, StoreWriter};
+use crate::output::eprint_line;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 enum Source {

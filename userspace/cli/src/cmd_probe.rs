@@ -8,13 +8,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::html::{parse_monitor_lines, render_html, MonitorEvent};
+use crate::probe_text::{health_text, speed_text};
 use anyhow::Context;
 use pcieipc::plan::CostModel;
 use pcieipc::probe::nvlink::{GpuNvlinkState, NvlinkRemote};
 use pcieipc::probe::report::{DeviceReport, GpuPairReport, GpuReport, LinkReport, RingPlanReport};
 use pcieipc::probe::{
-    Bdf, HealthBasis, HealthModel, LinkState, NvlinkSource, NvlinkStatus, Nvlinks, NvmlFixture,
-    NvmlLibrary, ProbeReport, Severity, Topology, AER_NOT_REPORTED,
+    Bdf, HealthModel, LinkState, NvlinkSource, NvlinkStatus, Nvlinks, NvmlFixture, NvmlLibrary,
+    ProbeReport, Severity, Topology, AER_NOT_REPORTED,
 };
 
 #[derive(clap::Args)]
@@ -329,17 +330,6 @@ fn device_line(device: &DeviceReport, gpu_names: &BTreeMap<Bdf, String>) -> Stri
     line
 }
 
-/// A score and what it rests on: AER counters, or the link alone.
-pub(crate) fn health_text(score: Option<f64>, basis: Option<HealthBasis>) -> String {
-    match (score, basis) {
-        (Some(score), Some(HealthBasis::LinkState)) => {
-            format!("{score:.4} (link state; AER not reported)")
-        }
-        (Some(score), _) => format!("{score:.4}"),
-        (None, _) => "? (no AER counters, link state unknown)".to_string(),
-    }
-}
-
 /// A GPU's active NVLinks grouped by what they reach.
 fn nvlink_line(gpu: &GpuReport, gpu_names: &BTreeMap<Bdf, String>) -> Option<String> {
     let GpuNvlinkState::Read { active } = gpu.nvlink.as_ref()? else {
@@ -381,12 +371,6 @@ fn nvlink_line(gpu: &GpuReport, gpu_names: &BTreeMap<Bdf, String>) -> Option<Str
         active.len(),
         targets.join(", ")
     ))
-}
-
-pub(crate) fn speed_text(speed: Option<pcieipc::probe::LinkSpeed>) -> String {
-    speed.map_or("?".to_string(), |speed| {
-        format!("{:.1} GT/s", speed.gigatransfers_per_second())
-    })
 }
 
 fn link_text(link: &LinkReport) -> String {

@@ -55,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("running {}", args.command[0]))?;
     let ranks = parts.merge_into(&args.output)?;
     print!("{}", summarise(&args.output)?);
-    crate::eprint_line(&format!(
+    crate::output::eprint_line(&format!(
         "pcieipc trace: {} ({ranks} ranks)",
         args.output.display()
     ));

@@ -1,7 +1,6 @@
 //! `pcieipc`: the command-line front end. Each subcommand lives in its own
 //! file and only parses flags, calls the library and prints.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -16,6 +15,8 @@ mod cmd_probe;
 mod cmd_trace;
 mod html;
 mod monitor_service;
+mod output;
+mod probe_text;
 mod probe_watch;
 mod trace_svg;
 
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprint_line(&format!("pcieipc: error: {err:#}"));
+            output::eprint_line(&format!("pcieipc: error: {err:#}"));
             ExitCode::from(2)
         }
     }
@@ -80,12 +81,4 @@ fn end_quietly_on_closed_stdout() {
     // nothing can run in a signal context; this runs first in `main`,
     // before any thread starts.
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
-}
-
-/// Writes `line` and a newline to stderr in one write: the ranks of a bench
-/// job share their parent's stderr, and `eprintln!` writes each formatted
-/// piece apart, so two ranks' errors interleaved mid-line.
-pub(crate) fn eprint_line(line: &str) {
-    // Nothing sensible is left to do when stderr itself fails.
-    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }

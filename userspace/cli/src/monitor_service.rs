@@ -19,7 +19,7 @@ use pcieipc::{
     probe::{HealthModel, NvlinkSource, NvmlLibrary},
 };
 
-use crate::eprint_line;
+use crate::output::eprint_line;
 
 #[derive(clap::Args)]
 pub struct Args {

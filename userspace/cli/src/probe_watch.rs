@@ -14,7 +14,7 @@ use pcieipc::probe::{
     AER_NOT_REPORTED,
 };
 
-use crate::cmd_probe::{health_text, speed_text};
+use crate::probe_text::{health_text, speed_text};
 
 pub struct WatchOptions {
     pub interval: Duration,

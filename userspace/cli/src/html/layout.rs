@@ -130,7 +130,7 @@ pub(super) fn layout_tree(report: &ProbeReport) -> TreeLayout {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::dgx8_report;
+    use super::super::fixtures::dgx8_report;
     use super::*;
 
     #[test]

@@ -13,6 +13,8 @@
 //! Nothing is loaded from elsewhere: styles and script are inline, and the
 //! page's Content-Security-Policy forbids any other source.
 
+#[cfg(test)]
+mod fixtures;
 mod layout;
 mod timeline;
 
@@ -1074,20 +1076,7 @@ pub(super) mod tests {
     use pcieipc::plan::CostModel;
     use pcieipc::probe::{HealthModel, NvlinkSource, Nvlinks, NvmlFixture, Topology};
 
-    fn fixture(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/sysfs")
-            .join(name)
-    }
-
-    fn report_of(name: &str) -> ProbeReport {
-        let topology = Topology::from_sysfs_root(&fixture(name), HealthModel::default()).unwrap();
-        ProbeReport::new(&topology, &CostModel::default())
-    }
-
-    pub(crate) fn dgx8_report() -> ProbeReport {
-        report_of("dgx8")
-    }
+    use super::fixtures::{dgx8_report, fixture, report_of};
 
     fn count(html: &str, needle: &str) -> usize {
         html.matches(needle).count()

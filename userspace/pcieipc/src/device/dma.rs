@@ -5,7 +5,8 @@ use std::{os::fd::AsRawFd, time::Duration};
 use nix::errno::Errno;
 use pcieipc_uapi as uapi;
 
-use super::{Device, DeviceError, MappedWindow};
+use super::mapped_window::MappedWindow;
+use super::node::{Device, DeviceError};
 
 /// A coherent DMA buffer of a device, owned by the open `Device` (freed when
 /// it is closed and every window of it is unmapped).

@@ -6,7 +6,7 @@ use pcieipc_uapi as uapi;
 
 use crate::probe::{bdf::Bdf, link::LinkSpeed};
 
-use super::{Device, DeviceError};
+use super::node::{Device, DeviceError};
 
 /// `pcieipc_device_state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

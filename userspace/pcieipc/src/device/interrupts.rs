@@ -5,7 +5,7 @@ use std::{os::fd::AsRawFd, time::Duration};
 use nix::errno::Errno;
 use pcieipc_uapi as uapi;
 
-use super::{Device, DeviceError};
+use super::node::{Device, DeviceError};
 
 /// How a wait ended, short of an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

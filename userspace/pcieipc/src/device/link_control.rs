@@ -226,7 +226,7 @@ impl LinkControl {
     pub fn set_port_speed(
         &self,
         port: Bdf,
-        speed: super::TargetSpeed,
+        speed: super::retrain::TargetSpeed,
     ) -> Result<u64, LinkControlError> {
         let device = self.cooling_device(port)?;
         let read_state = |name: &str| {
@@ -253,10 +253,10 @@ impl LinkControl {
 
 /// The cooling state for `speed` on a port whose highest speed is state 0
 /// and whose lowest (2.5 GT/s, generation 1) is `max_state`.
-fn cooling_state(max_state: u64, speed: super::TargetSpeed) -> u64 {
+fn cooling_state(max_state: u64, speed: super::retrain::TargetSpeed) -> u64 {
     match speed {
-        super::TargetSpeed::UpToCapability => 0,
-        super::TargetSpeed::Generation(generation) => {
+        super::retrain::TargetSpeed::UpToCapability => 0,
+        super::retrain::TargetSpeed::Generation(generation) => {
             max_state.saturating_sub(u64::from(generation).saturating_sub(1))
         }
     }

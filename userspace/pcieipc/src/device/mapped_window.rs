@@ -5,7 +5,7 @@ use std::{num::NonZeroUsize, os::fd::AsFd, ptr::NonNull};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use pcieipc_uapi as uapi;
 
-use super::{Device, DeviceError};
+use super::node::{Device, DeviceError};
 
 /// A mapped range of a BAR or DMA buffer, unmapped on drop. Accesses are
 /// volatile: the memory is device memory, or memory that a device or
