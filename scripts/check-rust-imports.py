@@ -53,7 +53,6 @@ def expand(tree):
     tree = tree.strip()
     brace = tree.find("{")
     if brace < 0:
-        tree = re.sub(r"\s+as\s+\w+$", "", tree)
         return [tree] if tree else []
     prefix, body = tree[:brace], tree[brace + 1:tree.rfind("}")]
     items, depth, item = [], 0, ""
@@ -72,11 +71,14 @@ def expand(tree):
 
 
 def uses(text):
-    """(visibility, path) of every `use` in the text, groups expanded."""
+    """(visibility, path, name it is known by) of every `use` in the text,
+    groups expanded (`a::b as c` is known as c)."""
     out = []
     for m in re.finditer(r"(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", text):
         for path in expand(m.group(2)):
-            out.append((bool(m.group(1)), re.sub(r"\s+", "", path)))
+            alias = re.match(r"(.*?)\s+as\s+(\w+)$", path.strip())
+            path = re.sub(r"\s+", "", alias.group(1) if alias else path)
+            out.append((bool(m.group(1)), path, alias.group(2) if alias else path.split("::")[-1]))
     return out
 
 
@@ -123,7 +125,7 @@ class Crate:
         self.local = {}
         for module, text in self.texts.items():
             exported, local = {}, {}
-            for public, path in uses(segments(module, text)[0][1]):
+            for public, path, known_as in uses(segments(module, text)[0][1]):
                 target = absolute(module, path)
                 if target is None:
                     # `use child::Item` inside a module: relative to it.
@@ -132,8 +134,7 @@ class Crate:
                         target = module + tuple(path.split("::"))
                     else:
                         continue
-                name = target[-1] if target else ""
-                (exported if public else local)[name] = target
+                (exported if public else local)[known_as] = target
             self.reexports[module] = exported
             self.local[module] = local
 
@@ -152,11 +153,16 @@ class Crate:
     def imports(self, module):
         paths = []
         for scope, text in segments(module, self.texts[module]):
-            paths += [absolute(scope, p) for _, p in uses(text)]
-            paths += [absolute(scope, m.group(0)) for m in
-                      re.finditer(r"\b(?:crate|super|self)(?:::\w+)+", text)]
+            paths += [absolute(scope, p) for _, p, _ in uses(text)]
+            # Paths in code; a `use` group's prefix (`a::b::{...}`) is the
+            # use's, expanded above.
+            def inline(pattern):
+                for m in re.finditer(pattern + r"(?:::\w+)+", text):
+                    if text[m.end():m.end() + 3] not in ("::{", "::*"):
+                        yield m
+            paths += [absolute(scope, m.group(0)) for m in inline(r"\b(?:crate|super|self)")]
             # Inline paths through a child module: `child::item(...)`.
-            for m in re.finditer(r"(?<![\w:])(\w+)(?:::\w+)+", text):
+            for m in inline(r"(?<![\w:])(\w+)"):
                 first = m.group(1)
                 if module + (first,) in self.files:
                     paths.append(module + tuple(m.group(0).split("::")))
@@ -228,6 +234,11 @@ def self_test():
             "lib.rs": "mod a;\nmod b;\npub use a::A;\n",
             "a.rs": "use crate::b::B;\npub struct A;\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
             "b.rs": "pub struct B;\n",
+        }, None),
+        "alias": ({
+            "lib.rs": "mod a;\nmod b;\npub(crate) use a::f as g;\n",
+            "a.rs": "pub fn f() {}\n",
+            "b.rs": "use crate::g;\nfn h() { g(); }\n",
         }, None),
         "comment": ({
             "lib.rs": "mod a;\nmod b;\n",

@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use super::comm::CallDescriptor;
+use super::call::CallDescriptor;
 use super::schedule::Algorithm;
 
 impl EngineError {

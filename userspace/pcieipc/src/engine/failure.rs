@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::comm::CallDescriptor;
+use super::call::CallDescriptor;
 use super::error::EngineError;
 use super::fault_policy::{FaultBits, Recovery};
 

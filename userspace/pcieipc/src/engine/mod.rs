@@ -16,6 +16,7 @@
 //! - `cuda`: the GPU backend, steps from `schedule`, control over `comm`.
 
 mod cache_bypass;
+mod call;
 mod checksum;
 mod chunk;
 mod collectives;
@@ -31,10 +32,9 @@ mod slot_fill;
 pub mod transport;
 
 pub use cache_bypass::StreamingStores;
+pub use call::{CallDescriptor, CallKind};
 pub use chunk::{ChunkPolicy, LinkFacts, SizeStep, AER_MEMORY, HOST_MEMORY_STEPS};
-pub use comm::{
-    CallDescriptor, CallKind, CommOptions, Communicator, DamageInjection, ResendRecord,
-};
+pub use comm::{CommOptions, Communicator, DamageInjection, ResendRecord};
 pub use dtype::{bf16, f16, DType, Element, ReduceOp, UnknownDType, UnknownReduceOp};
 pub use error::EngineError;
 pub use failure::{Carrier, Corruption, Failure};

@@ -19,7 +19,7 @@
 //! that each chose for themselves could fill apart and stay apart: a probe
 //! flips both, so what each measures is the mixed fill.
 
-use crate::engine::comm::CallKind;
+use crate::engine::call::CallKind;
 
 /// How one ring call writes its slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,8 @@
 //! the raw stream; the root's chunk size reaches the others on the stamp of
 //! its first message.
 
-use crate::engine::comm::{CallDescriptor, Communicator, Stream};
+use crate::engine::call::CallDescriptor;
+use crate::engine::comm::{Communicator, Stream};
 use crate::engine::dtype::Element;
 use crate::engine::error::EngineError;
 use crate::engine::schedule::{clip, Chain};

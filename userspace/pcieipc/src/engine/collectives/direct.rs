@@ -16,7 +16,8 @@
 //! third slower than from the shared cache once the segment is done.
 
 use super::Buffers;
-use crate::engine::comm::{CallDescriptor, Communicator};
+use crate::engine::call::CallDescriptor;
+use crate::engine::comm::Communicator;
 use crate::engine::dtype::{combine, elements_of_words, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::{Direct, OneShot};

@@ -2,7 +2,8 @@
 //! one-shot windows, round by round, and reduces all N in rank order.
 
 use super::Buffers;
-use crate::engine::comm::{CallDescriptor, Communicator, MESSAGE_HEADER_BYTES};
+use crate::engine::call::CallDescriptor;
+use crate::engine::comm::{Communicator, MESSAGE_HEADER_BYTES};
 use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::OneShot;

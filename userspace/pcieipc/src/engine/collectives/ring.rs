@@ -8,7 +8,8 @@
 
 use super::{Buffers, RingCall};
 use crate::engine::cache_bypass::copy_bypassing_cache;
-use crate::engine::comm::{CallDescriptor, Communicator, Stream};
+use crate::engine::call::CallDescriptor;
+use crate::engine::comm::{Communicator, Stream};
 use crate::engine::dtype::{combine, finish_avg, Element, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::schedule::{clip, Ring, RingKind, StepRole};

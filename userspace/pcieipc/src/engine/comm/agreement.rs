@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::call::{CallDescriptor, CallKind};
 use super::slots::MESSAGE_HEADER_BYTES;
 use super::Communicator;
+use crate::engine::call::{CallDescriptor, CallKind};
 use crate::engine::dtype::{DType, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::failure::{Corruption, Failure};

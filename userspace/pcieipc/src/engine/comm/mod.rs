@@ -8,7 +8,6 @@
 //! capabilities; the algorithms live in `collectives`.
 
 mod agreement;
-mod call;
 mod checksums;
 mod init;
 mod options;
@@ -18,11 +17,11 @@ mod wait;
 
 use std::time::{Duration, Instant};
 
-pub use call::{CallDescriptor, CallKind};
 pub use checksums::{DamageInjection, ResendRecord};
 pub use options::CommOptions;
 pub(crate) use slots::{Stream, MESSAGE_HEADER_BYTES};
 
+use super::call::{CallDescriptor, CallKind};
 use super::collectives::{Buffers, RingCall};
 use super::dtype::{Element, ReduceOp};
 use super::error::EngineError;

@@ -22,7 +22,7 @@ use std::time::Duration;
 pub use error::PcieipcError;
 pub(crate) use link_events::tracefs_root;
 
-use super::registry::{Registered, Setup, TransportConfig, TransportOptions};
+use super::config::{Registered, Setup, TransportConfig, TransportOptions};
 use super::segment::{SegmentTransport, Signalling};
 use super::{Capabilities, LinkPoll, Signal, Transport, SIGNALS};
 use crate::device::{BoundDevice, Device, MappedWindow, WaitResult};

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
-use super::super::registry::Setup;
+use super::super::config::Setup;
 use super::super::rendezvous;
 use super::super::segment::{page_aligned, Layout, Segment};
 use super::super::WindowSizes;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
-use super::super::registry::{Setup, TransportConfig};
+use super::super::config::{Setup, TransportConfig};
 use super::super::shm::{self, ShmOptions};
 use super::super::WindowSizes;
 use super::*;

@@ -18,8 +18,8 @@ pub(crate) use peers::PeerWatch;
 pub(crate) use region::Segment;
 
 use super::{Capabilities, LinkPoll, Signal, Transport, Window, WindowSizes};
+use crate::engine::call::CallDescriptor;
 use crate::engine::chunk::LinkFacts;
-use crate::engine::comm::CallDescriptor;
 use crate::engine::error::EngineError;
 use crate::engine::failure::Failure;
 use crate::engine::fault_policy::Recovery;

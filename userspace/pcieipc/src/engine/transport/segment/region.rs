@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::layout::{
     Counter, GlobalControl, Layout, RankControl, ABORT_NONE, ABORT_SET, ABORT_WRITING,
 };
-use crate::engine::comm::CallDescriptor;
+use crate::engine::call::CallDescriptor;
 use crate::engine::failure::Failure;
 use crate::engine::transport::{Signal, Window};
 

@@ -17,7 +17,7 @@ use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
 mod peer_reads;
 
-use super::registry::{Registered, Setup, TransportConfig, TransportOptions};
+use super::config::{Registered, Setup, TransportConfig, TransportOptions};
 use super::rendezvous;
 use super::segment::{page_aligned, Layout, Segment, SegmentTransport, Signalling};
 use super::{Capabilities, Signal, Transport, WindowSizes, SIGNALS};
