@@ -27,6 +27,7 @@ pub(crate) use pcieipc::tracefs_root as link_tracefs_root;
 pub use pcieipc::{PcieipcError, PcieipcOptions};
 pub use registry::{describe_all, UnknownTransport, TRANSPORTS};
 pub use rendezvous::{BadSecret, JobSecret, SECRET_ENV};
+pub use segment::memfd::SEGMENT_NAME;
 /// Peer liveness through pidfds, for backends that watch ranks themselves.
 pub(crate) use segment::PeerWatch;
-pub use shm::{ShmOptions, SEGMENT_NAME};
+pub use shm::ShmOptions;

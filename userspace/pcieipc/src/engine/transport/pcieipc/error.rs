@@ -1,7 +1,6 @@
 //! Why the pcieipc transport could not be set up on a rank.
 
 use crate::device::DeviceError;
-use crate::engine::error::EngineError;
 
 /// Why the pcieipc transport could not be set up on a rank.
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +50,4 @@ pub enum PcieipcError {
          devices belong to different ivshmem regions, or another job took the region)"
     )]
     ForeignRegion { device: u32 },
-}
-
-impl PcieipcError {
-    /// This error as the engine reports it: a transport's, on `rank`.
-    pub(super) fn on_rank(self, rank: usize) -> EngineError {
-        EngineError::transport(rank, super::REGISTERED.name, self)
-    }
 }

@@ -10,7 +10,7 @@ use super::super::rendezvous;
 use super::super::segment::{page_aligned, Layout, Segment};
 use super::super::WindowSizes;
 use super::link_events::LinkEvents;
-use super::{Doorbells, PcieipcError, PcieipcTransport, SHARED_BAR, VECTOR};
+use super::{Doorbells, PcieipcError, PcieipcTransport, REGISTERED, SHARED_BAR, VECTOR};
 use crate::device::{BoundDevice, Device, DeviceKind, DeviceState, DEFAULT_PATH};
 use crate::engine::error::EngineError;
 use crate::probe::bdf::Bdf;
@@ -83,7 +83,8 @@ impl PcieipcTransport {
         } = *setup;
         let secret = setup.secret.as_ref();
         let requested = page_aligned(setup.sizes);
-        let fail = |error: PcieipcError| error.on_rank(rank);
+        // A setup failure is the transport's, on this rank.
+        let fail = |error: PcieipcError| EngineError::transport(rank, REGISTERED.name, error);
         let open = || Device::open(DEFAULT_PATH).map_err(|source| fail(source.into()));
         let mut transport = if rank == 0 {
             // The rendezvous also creates the shm segment, sparse and never

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{getsockopt, recvmsg, sockopt, ControlMessageOwned, MsgFlags};
 
+use super::meeting::{socket_name, Context, Joined};
 use super::secret::JobSecret;
 use super::wire::{self, u32_at, u64_at, Hello};
-use super::{socket_name, Context, Joined};
 use crate::engine::error::EngineError;
 use crate::engine::transport::segment::Layout;
 

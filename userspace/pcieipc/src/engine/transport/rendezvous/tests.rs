@@ -7,12 +7,16 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use nix::sys::socket::{getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags};
 
 use super::super::config::{Setup, TransportConfig};
-use super::super::shm::{self, ShmOptions};
+use super::super::shm::ShmOptions;
 use super::super::WindowSizes;
-use super::*;
+use super::meeting::socket_name;
+use super::wire::{self, Hello};
+use super::{host, join, JobSecret};
+use crate::engine::error::EngineError;
+use crate::engine::transport::segment::memfd::create_segment;
 
 /// xorshift64*: a reproducible stream of test values.
 struct Random(u64);
@@ -103,9 +107,9 @@ fn serve(listener: &UnixListener, random: &mut Random, nranks: usize) {
         }
         2 => {
             // Sealed, but for fewer ranks' windows than the welcome claims.
-            Some(shm::create_segment(1, sizes).expect("segment"))
+            Some(create_segment(1, sizes).expect("segment"))
         }
-        _ => Some(shm::create_segment(nranks, sizes).expect("segment")),
+        _ => Some(create_segment(nranks, sizes).expect("segment")),
     };
     let fds: Vec<i32> = segment.iter().map(|fd| fd.as_raw_fd()).collect();
     let rights = [ControlMessage::ScmRights(&fds)];

@@ -6,6 +6,7 @@
 //! counter and whom a store wakes stay with each transport (`Signalling`).
 
 mod layout;
+pub(crate) mod memfd;
 mod peers;
 mod region;
 
