@@ -25,6 +25,7 @@ pub mod cuda;
 mod dtype;
 mod error;
 mod failure;
+mod fault_monitor;
 pub mod fault_policy;
 mod followed_device;
 pub mod schedule;

@@ -3,40 +3,17 @@
 //! it, and a peer whose call differs (or whose stamp on a message does) is
 //! reported with both calls.
 
-use std::time::{Duration, Instant};
-
 use super::slots::MESSAGE_HEADER_BYTES;
 use super::Communicator;
 use crate::engine::call::{CallDescriptor, CallKind};
 use crate::engine::dtype::{DType, ReduceOp};
 use crate::engine::error::EngineError;
 use crate::engine::failure::{Corruption, Failure};
-use crate::engine::fault_policy::{
-    self, Fault, FaultAction, FaultBits, FaultRecord, Loss, Recovery,
-};
+use crate::engine::fault_monitor::CallPosition;
 use crate::engine::schedule::Algorithm;
 use crate::engine::slot_fill::{CallClass, SlotFill};
 use crate::engine::transport::Signal;
-use crate::probe::bdf::Bdf;
 use crate::trace::{monotonic_ns, Arg};
-
-/// How often a rank whose transport follows a device link polls it: a
-/// non-blocking read, kept off the path of back-to-back small calls.
-const LINK_EVENTS_PERIOD: Duration = Duration::from_millis(1);
-/// How long a rank waits for the kernel's recovery of its device after an
-/// uncorrectable error: the kernel's own fatal recovery (a secondary bus
-/// reset and the link's retraining) takes about a second; peers wait for
-/// the rank meanwhile, well within their `peer_timeout`.
-pub(crate) const RECOVERY_WAIT: Duration = Duration::from_secs(10);
-
-/// Who reported a fault, and so who sees the end of its recovery.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reporter {
-    /// The transport's own device (the module's events).
-    Transport,
-    /// The device followed through the kernel's tracepoints.
-    Followed,
-}
 
 impl Communicator {
     /// Starts call number `self.calls`: refuses if the communicator has failed,
@@ -166,15 +143,12 @@ impl Communicator {
         }
     }
 
-    /// Publishes the device link's changes since the last poll, where the
-    /// transport follows one (at most every `LINK_EVENTS_PERIOD`: at each
-    /// call's start and at each step that sends a chunk), and takes the action the AER matrix gives each
-    /// fault reported on it (`fault_policy`): nothing more than the link's
-    /// smaller chunk for a correctable error, a wait for the kernel's
-    /// recovery for a non-fatal one, and the communicator's failure, named
-    /// for every rank, for a fatal one, a surprise down or a device gone.
+    /// Polls the fault monitor where it is due (at each call's start, at
+    /// each step that sends a chunk, at each sleep slice of a wait): the
+    /// device link's changes, and the action the AER matrix gives each
+    /// fault (`fault_monitor`).
     pub(crate) fn follow_link_events(&mut self) -> Result<(), EngineError> {
-        if self.link_events_polled.elapsed() < LINK_EVENTS_PERIOD {
+        if !self.monitor.due() {
             return Ok(());
         }
         self.poll_link_events()
@@ -193,115 +167,19 @@ impl Communicator {
         }
     }
 
-    /// `follow_link_events` without its period.
+    /// `follow_link_events` whether or not it is due.
     fn poll_link_events(&mut self) -> Result<(), EngineError> {
-        let transport_follows = self.transport.capabilities().link_events;
-        if !(transport_follows || self.followed.is_some()) {
-            return Ok(());
-        }
-        self.link_events_polled = Instant::now();
-        let (poll, reporter) = match self.followed.as_mut() {
-            Some(followed) => (followed.poll(), Reporter::Followed),
-            None => (self.transport.poll_link(), Reporter::Transport),
-        };
-        if let Some(link) = poll.facts {
-            if let Some(trace) = &self.trace {
-                trace.instant(
-                    "link change",
-                    "link",
-                    crate::trace::monotonic_ns(),
-                    vec![("link", Arg::Owned(format!("{link:?}")))],
-                );
-            }
-            self.set_link(Some(link));
-        }
-        // After the facts the poll read: acting on a fault may change them
-        // again (a retrain).
-        for fault in poll.faults {
-            self.act_on(fault, reporter)?;
-        }
-        Ok(())
-    }
-
-    fn act_on(&mut self, fault: Fault, reporter: Reporter) -> Result<(), EngineError> {
-        let Some(mut action) = fault_policy::action(&fault) else {
-            return Ok(());
-        };
-        let started = Instant::now();
-        let recovery = match (action, fault.lost) {
-            (FaultAction::SmallerChunk, _) => None,
-            // A lost device's recovery is over: nothing to wait for (and a
-            // peer's device is the peer's to wait on).
-            (_, Some(loss)) => Some(loss.recovery()),
-            (FaultAction::AwaitRecovery | FaultAction::Fail, None) => Some(match reporter {
-                Reporter::Transport => self.transport.await_recovery(RECOVERY_WAIT),
-                Reporter::Followed => self
-                    .followed
-                    .as_mut()
-                    .map_or(Recovery::Unfinished { waited_ms: 0 }, |followed| {
-                        followed.await_recovery(RECOVERY_WAIT)
-                    }),
-            }),
-        };
-        if recovery
-            .is_some_and(|recovery| !matches!(recovery, Recovery::Recovered | Recovery::Answering))
-        {
-            action = FaultAction::Fail;
-        }
-        // Through the module's link control: of the transport's own device,
-        // or of the followed one where root allowed it (`link_control`).
-        let retrained = (action == FaultAction::AwaitRecovery && self.options.retrain_degraded)
-            .then(|| match reporter {
-                Reporter::Transport => self.transport.retrain_degraded_link(),
-                Reporter::Followed => self.followed.as_mut()?.retrain_degraded(),
-            })
-            .flatten();
-        if let Some(link) = retrained {
-            self.set_link(Some(link));
-        }
-        let record = FaultRecord {
+        let at = CallPosition {
             call: self.calls,
             in_call: self.current_call.is_some(),
-            bits: FaultBits::of(&fault.errors),
-            lost: fault.lost,
-            peer: fault.peer,
-            action,
-            recovery,
-            retrained,
-            stall: started.elapsed(),
-            bdf: fault.bdf,
         };
-        if let Some(trace) = &self.trace {
-            trace.instant(
-                "fault",
-                "link",
-                crate::trace::monotonic_ns(),
-                vec![("fault", Arg::Owned(record.to_string()))],
-            );
+        let published = self
+            .monitor
+            .poll(&mut *self.transport, at, self.trace.as_ref())?;
+        if published.is_some() {
+            self.options.link = published;
         }
-        // The module and the kernel's trace name functions in PCI address
-        // form, in domains the ABI encodes.
-        let bdf = record
-            .bdf
-            .parse::<Bdf>()
-            .ok()
-            .and_then(|bdf| bdf.to_abi().ok())
-            .unwrap_or(u32::MAX);
-        let rank = fault.peer.unwrap_or(self.rank);
-        let failure = (action == FaultAction::Fail).then(|| match fault.lost {
-            Some(Loss::Removed) => Failure::DeviceRemoved { rank, bdf },
-            _ => Failure::DeviceFault {
-                rank,
-                bdf,
-                bits: record.bits,
-                recovery: recovery.unwrap_or(Recovery::Unfinished { waited_ms: 0 }),
-            },
-        });
-        self.faults.push(record);
-        match failure {
-            Some(failure) => Err(self.transport.abort(failure).into()),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// The chunk for a message of `message_bytes`: the smallest any rank's

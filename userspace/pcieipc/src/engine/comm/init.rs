@@ -13,6 +13,7 @@ use super::slots::MESSAGE_HEADER_BYTES;
 use super::{Communicator, StreamCounts};
 use crate::engine::cache_bypass::StreamingStores;
 use crate::engine::error::EngineError;
+use crate::engine::fault_monitor::FaultMonitor;
 use crate::engine::followed_device::FollowedDevice;
 use crate::engine::slot_fill::FillChooser;
 use crate::engine::transport::{Setup, WindowSizes};
@@ -114,8 +115,7 @@ impl Communicator {
                 in_flight,
                 ..options
             },
-            link_events_polled: Instant::now(),
-            faults: Vec::new(),
+            monitor: FaultMonitor::new(rank, followed, options.retrain_degraded),
             calls: 0,
             raw: StreamCounts::new(sizes.raw_slots),
             relay: StreamCounts::new(sizes.relay_slots),
@@ -132,7 +132,6 @@ impl Communicator {
             current_fill: None,
             measured_call: None,
             joining: true,
-            followed,
             checksums,
         };
         communicator.set_link(link);

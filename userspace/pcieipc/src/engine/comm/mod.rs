@@ -15,7 +15,7 @@ mod peer_reads;
 mod slots;
 mod wait;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use checksums::{DamageInjection, ResendRecord};
 pub use options::CommOptions;
@@ -58,10 +58,8 @@ pub struct Communicator {
     pub(crate) rank: usize,
     pub(crate) nranks: usize,
     pub(crate) options: CommOptions,
-    /// When the transport's device link was last polled.
-    link_events_polled: Instant,
-    /// The faults this rank acted on, oldest first.
-    faults: Vec<super::fault_policy::FaultRecord>,
+    /// The devices the job depends on, and the faults acted on.
+    monitor: super::fault_monitor::FaultMonitor,
     /// Calls started so far; the current call's number while one runs.
     pub(crate) calls: u64,
     raw: StreamCounts,
@@ -100,9 +98,6 @@ pub struct Communicator {
     /// Whether `init` is still agreeing with the peers: waits then last up
     /// to `join_timeout`, not `peer_timeout`.
     pub(crate) joining: bool,
-    /// The device this rank's data crosses, followed through the kernel's
-    /// tracepoints (`CommOptions::link_device`).
-    pub(crate) followed: Option<crate::engine::followed_device::FollowedDevice>,
     /// This rank's side of chunk checksums, where they are on.
     checksums: Option<checksums::Checksums>,
 }
@@ -191,7 +186,7 @@ impl Communicator {
     /// The faults on this rank's device link it acted on (the AER matrix of
     /// docs/fault-path.md), oldest first, each with the stall it cost.
     pub fn faults(&self) -> &[super::fault_policy::FaultRecord] {
-        &self.faults
+        self.monitor.faults()
     }
 
     /// Whether this rank's messages carry checksums, checked on receipt.

@@ -18,13 +18,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::gpu::{CudaError, DeviceBuffer, Gpu};
-use super::handoff::{Exchange, ExchangeMemory, Handoff, HANDOFF_MAX_RANKS};
+use super::gpu::{CudaError, DeviceBuffer, Gpu, BACKEND};
+use super::handoff::{Exchange, ExchangeMemory, Handoff};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
-use super::kernels::{HANDOFF_BLOCKS, ONE_SHOT_MAX_RANKS};
+use super::kernels::{HANDOFF_BLOCKS, HANDOFF_MAX_RANKS, ONE_SHOT_MAX_RANKS};
 use super::registration::Registration;
 use super::tracing::KernelSpans;
-use super::BACKEND;
 use crate::engine::schedule::{self, Limits};
 use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CommOptions, Communicator, Element, EngineError,

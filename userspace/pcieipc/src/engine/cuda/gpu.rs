@@ -13,6 +13,9 @@ use super::kernels::{Kernel, KernelCache};
 use crate::engine::{DType, Element, ReduceOp};
 
 /// A CUDA failure, with the GPU and the step it concerns.
+/// The name this backend's errors carry.
+pub const BACKEND: &str = "cuda";
+
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     #[error("the CUDA {library} library is not installed (searched the loader path: set LD_LIBRARY_PATH to the directory holding it)")]

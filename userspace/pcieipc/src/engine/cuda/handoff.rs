@@ -39,7 +39,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::communicator::{on_rank, CudaCommunicator};
-use super::gpu::{CudaError, DeviceBuffer, FailureReport, Gpu, HostRegistration};
+use super::gpu::{CudaError, DeviceBuffer, FailureReport, Gpu, HostRegistration, BACKEND};
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::kernels::{
     ExchangeArg, HandoffKernel, HandoffLaunch, HANDOFF_BLOCKS, HANDOFF_HEADER_BYTES,
@@ -49,10 +49,6 @@ use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CallKind, DType, Element, EngineError, ReduceOp,
 };
 use crate::trace::Arg;
-
-/// Ranks the hand-off kernels serve (their exchange argument has a slot per
-/// rank).
-pub(crate) const HANDOFF_MAX_RANKS: usize = 8;
 
 /// Which hand-off a communicator uses (rank 0's choice holds for all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,7 +274,7 @@ impl CudaCommunicator {
         let pids = self.control.pids();
         let watch = PeerWatch::open(self.rank, pids.clone()).map_err(EngineError::from)?;
         let watchdog = Watchdog::start(watch, error.clone())
-            .map_err(|source| EngineError::transport(self.rank, super::BACKEND, source))?;
+            .map_err(|source| EngineError::transport(self.rank, BACKEND, source))?;
         self.exchange = Some(Exchange {
             gpu: self.gpu.clone(),
             blocks_memory,
@@ -663,9 +659,7 @@ impl CudaCommunicator {
         self.exchange
             .as_ref()
             .map(|exchange| exchange.window)
-            .ok_or_else(|| {
-                EngineError::transport(self.rank, super::BACKEND, CudaError::NoGpuHandoff)
-            })
+            .ok_or_else(|| EngineError::transport(self.rank, BACKEND, CudaError::NoGpuHandoff))
     }
 
     /// Queues `call`, one launch per `piece` elements.

@@ -17,8 +17,11 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::gpu::{driver_error, CudaError, Gpu};
-use super::handoff::HANDOFF_MAX_RANKS;
 use crate::engine::{DType, ReduceOp};
+
+/// Ranks the hand-off kernels serve (their exchange argument has a slot per
+/// rank).
+pub(crate) const HANDOFF_MAX_RANKS: usize = 8;
 
 /// The most sources the one-shot kernel reduces: it takes one pointer
 /// argument per rank.

@@ -21,8 +21,5 @@ pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerTo
 pub use cudarc;
 /// The stream type stream-ordered calls take (cudarc's).
 pub use cudarc::driver::CudaStream;
-pub use gpu::{CudaError, DeviceBuffer, Gpu};
+pub use gpu::{CudaError, DeviceBuffer, Gpu, BACKEND};
 pub use handoff::Handoff;
-
-/// The name this backend's errors carry.
-pub const BACKEND: &str = "cuda";
