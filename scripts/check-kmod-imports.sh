@@ -16,8 +16,10 @@ source "$(dirname "$0")/common.sh"
 WRAPPERS="aer bar_regions capability delayed_work dma_buffer pci_function pci_info poll text_param user_mapping"
 
 check() {
-    WRAPPERS="$WRAPPERS" python3 - "$1" <<'PY'
+    WRAPPERS="$WRAPPERS" SCRIPTS="$(dirname "${BASH_SOURCE[0]}")" python3 - "$1" <<'PY'
 import os, re, sys
+sys.path.insert(0, os.environ["SCRIPTS"])
+from import_cycles import cycles
 
 src = sys.argv[1]
 wrappers = set(os.environ["WRAPPERS"].split())
@@ -101,22 +103,8 @@ for f in files:
 for module in sorted(graph):
     print(f"{module}: {' '.join(graph[module]) or '-'}")
 
-# Depth-first search; a back edge closes a cycle.
-state, stack = {}, []
-def visit(m):
-    state[m] = "open"
-    stack.append(m)
-    for d in graph.get(m, []):
-        if state.get(d) == "open":
-            cycle = stack[stack.index(d):] + [d]
-            failures.append("import cycle: " + " -> ".join(cycle))
-        elif d not in state:
-            visit(d)
-    stack.pop()
-    state[m] = "done"
-for m in sorted(graph):
-    if m not in state:
-        visit(m)
+for cycle in cycles(graph):
+    failures.append("import cycle: " + " -> ".join(cycle))
 
 for f in failures:
     print(f"error: {f}", file=sys.stderr)

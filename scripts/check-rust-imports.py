@@ -20,6 +20,9 @@ import re
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from import_cycles import cycles  # noqa: E402
+
 
 def code(text):
     """The text without comments, string literals or char literals."""
@@ -190,23 +193,8 @@ def check(sources):
         graph = {m: sorted(crate.imports(m)) for m in crate.files}
         for module in sorted(graph):
             print(f"{src}: {name(module)}: {' '.join(map(name, graph[module])) or '-'}")
-        state, stack = {}, []
-
-        def visit(m):
-            state[m] = "open"
-            stack.append(m)
-            for d in graph.get(m, []):
-                if state.get(d) == "open":
-                    cycle = stack[stack.index(d):] + [d]
-                    failures.append(f"{src}: import cycle: " + " -> ".join(map(name, cycle)))
-                elif d not in state:
-                    visit(d)
-            stack.pop()
-            state[m] = "done"
-
-        for m in sorted(graph):
-            if m not in state:
-                visit(m)
+        for cycle in cycles(graph):
+            failures.append(f"{src}: import cycle: " + " -> ".join(map(name, cycle)))
     for failure in failures:
         print(f"error: {failure}", file=sys.stderr)
     return not failures
