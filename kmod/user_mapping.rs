@@ -13,7 +13,8 @@
 //! that is already linked into the file's address space, where a zap finds
 //! it. A fault asks the region's owner for the page under the lock the owner
 //! holds around a zap: the page is inserted before the zap (which then
-//! removes it) or refused (SIGBUS).
+//! removes it), or after it the owner answers for memory that went away
+//! (the module's stand-in page: `mappings`).
 
 use core::{ffi::c_void, marker::PhantomData, ptr::NonNull};
 

@@ -271,8 +271,8 @@ struct pcieipc_ring {
  * PCIEIPC_IOC_DMA_ALLOC: a coherent DMA buffer for device `device`, zeroed,
  * owned by this open file: freed when the file is released, or when the
  * device goes (unbind, removal, a permanent error) after its mappings are
- * zapped (a later access gets SIGBUS), so a mapping never outlives its
- * memory. Needs CAP_SYS_ADMIN. In: argsz, flags (0), device, size (> 0, <=
+ * zapped (a later access maps the module's stand-in page, a zeroed page of
+ * its own), so a mapping never outlives its memory. Needs CAP_SYS_ADMIN. In: argsz, flags (0), device, size (> 0, <=
  * PCIEIPC_DMA_MAX_SIZE; rounded up to pages). Out: buffer (handle), size,
  * bus_addr (the address the device uses), mmap_offset.
  * Errors: ENOSPC (PCIEIPC_DMA_MAX_BUFFERS reached, or the module's 2^22
@@ -501,8 +501,9 @@ enum pcieipc_event_kind {
 	PCIEIPC_EVENT_AER = 2,
 	/* Speed, width or Data Link Layer Link Active changed (watch). */
 	PCIEIPC_EVENT_LINK_CHANGE = 3,
-	/* Config reads return all ones (watch), or a bound device was removed
-	 * (unbind, hot-unplug; link_before/link_after are then zero). */
+	/* Config reads return all ones (watch), or a bound device is leaving
+	 * (unbind, hot-unplug, a permanent error, unload; link_before/link_after
+	 * are then zero), queued before its windows are zapped. */
 	PCIEIPC_EVENT_DEVICE_GONE = 4,
 	/* PCIEIPC_IOC_LINK_RETRAIN ran. */
 	PCIEIPC_EVENT_LINK_RETRAIN = 5,

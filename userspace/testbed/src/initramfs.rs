@@ -133,6 +133,15 @@ inject_mid_sweep() {
     INJECTED_MS=$ACTED_MS
     return $rc
 }
+# every_rank_named OUT NRANKS PATTERN: the bench job in OUT failed on all
+# NRANKS ranks, each error matching PATTERN, each rank's end said and none
+# by a signal, and no row of its table has a wrong element.
+every_rank_named() {
+    [ "$(grep -c "$3" "$1")" = "$2" ] &&
+        [ "$(grep -c "^pcieipc bench: rank [0-9]* exit status: [0-9]*$" "$1")" = "$2" ] &&
+        ! grep -q "signal" "$1" &&
+        awk '!/^#/ && NF == 14 && ($9 != 0 || $13 != 0) { bad++ } END { exit bad }' "$1"
+}
 # summary: prints the counts; fails if any check failed or none ran.
 # port_of BDF: the bridge directly above BDF (the sysfs parent directory).
 port_of() { basename "$(readlink -f "/sys/bus/pci/devices/$1/..")"; }
