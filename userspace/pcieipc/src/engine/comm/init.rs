@@ -2,16 +2,21 @@
 //! rank to its CPU, opening the transport with windows sized from the
 //! options, and agreeing with every peer on reading each other's memory.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
-use super::checksums::Checksums;
+use super::agreement::Agreement;
+use super::checked::CheckedCopies;
+use super::message::MESSAGE_HEADER_BYTES;
 use super::options::CommOptions;
-use super::slots::MESSAGE_HEADER_BYTES;
-use super::{Communicator, StreamCounts};
+use super::peers::{Peers, WaitPolicy};
+use super::shadows::Shadows;
+use super::streams::SlotStreams;
+use super::Communicator;
 use crate::engine::cache_bypass::StreamingStores;
+use crate::engine::collectives::RingSettings;
 use crate::engine::error::EngineError;
 use crate::engine::fault_monitor::FaultMonitor;
 use crate::engine::followed_device::FollowedDevice;
@@ -95,9 +100,8 @@ impl Communicator {
         let in_flight = sizes.raw_slots - 1;
         let checksums = options
             .chunk_checksums
-            .unwrap_or(transport.capabilities().device_memory)
-            .then(|| Checksums::new(nranks, sizes.raw_slots, sizes.relay_slots, options.damage));
-        if options.damage.is_some() && checksums.is_none() {
+            .unwrap_or(transport.capabilities().device_memory);
+        if options.damage.is_some() && !checksums {
             return Err(EngineError::DamageWithoutChecksums { rank });
         }
         let device_memory = transport.capabilities().device_memory;
@@ -107,40 +111,49 @@ impl Communicator {
         let fill_chooser = (options.streaming_stores == StreamingStores::Auto
             && streaming_from != usize::MAX)
             .then(FillChooser::new);
-        let mut communicator = Communicator {
+        let agreement = Agreement::new(rank, nranks, options.chunk_policy, fill_chooser);
+        let policy = WaitPolicy::new(
+            options.spin,
+            options.bind_cpu.is_some(),
+            options.peer_timeout,
+            options.join_timeout,
+        );
+        let mut peers = Peers::new(
             transport,
-            rank,
-            nranks,
-            options: CommOptions {
-                in_flight,
-                ..options
-            },
-            monitor: FaultMonitor::new(rank, followed, options.retrain_degraded),
-            calls: 0,
-            raw: StreamCounts::new(sizes.raw_slots),
-            relay: StreamCounts::new(sizes.relay_slots),
-            one_shot_rounds: 0,
-            direct_scratch: Vec::new(),
-            predecessor_checked: false,
-            current_call: None,
-            last_call: None,
-            trace: trace_file.map(|file| Recorder::new(rank, file)),
-            init_time: Duration::ZERO,
-            single_copy: false,
-            streaming_from,
-            fill_chooser,
-            current_fill: None,
-            measured_call: None,
-            joining: true,
-            checksums,
-        };
-        communicator.set_link(link);
-        communicator.single_copy = communicator.agree_on_peer_reads()?;
-        communicator.joining = false;
-        communicator.init_time = started.elapsed();
-        if let Some(trace) = &communicator.trace {
+            agreement,
+            FaultMonitor::new(rank, followed, options.retrain_degraded),
+            checksums.then(|| Shadows::new(sizes.raw_slots, sizes.relay_slots, options.damage)),
+            policy,
+            trace_file.map(|file| Recorder::new(rank, file)),
+        );
+        peers.transport.publish_link(link);
+        let single_copy = peers.agree_on_peer_reads(
+            options.single_copy,
+            &options.single_copy_messages,
+            &options.direct_messages,
+        )?;
+        peers.joining = false;
+        if let Some(trace) = &peers.trace {
             trace.span("init", "init", started_ns, Vec::new());
         }
-        Ok(communicator)
+        Ok(Communicator {
+            peers,
+            streams: SlotStreams::new(
+                sizes.raw_slots,
+                sizes.relay_slots,
+                checksums.then(|| CheckedCopies::new(nranks)),
+            ),
+            ring: RingSettings {
+                single_copy_messages: single_copy.then(|| options.single_copy_messages.clone()),
+                streaming_from,
+            },
+            options: CommOptions {
+                in_flight,
+                link,
+                ..options
+            },
+            direct_scratch: Vec::new(),
+            init_time: started.elapsed(),
+        })
     }
 }

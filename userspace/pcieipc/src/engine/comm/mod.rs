@@ -1,120 +1,72 @@
-//! The communicator: N ranks in separate processes, their public collectives,
-//! and what every collective relies on: joining (`init`), agreeing on each
-//! call and catching mismatches (`agreement`), waiting on peers while
-//! watching their liveness (`wait`), the slots ranks hand each other
-//! (`slots`, the one place here that touches shared memory by pointer), and
-//! reading peers' memory where the transport allows it (`peer_reads`). It
-//! sees its transport only through the `Transport` trait and its declared
-//! capabilities; the algorithms live in `collectives`.
+//! The communicator: N ranks in separate processes and their public
+//! collectives, a thin façade over the types that do the work:
+//!
+//! - `Peers` (`peers`): waiting on peers, bounded, with every failure
+//!   named; it owns the transport, the call `Agreement` (`agreement`), the
+//!   fault monitor, the resend `Shadows` (`shadows`) and the trace.
+//! - `SlotStreams` (`streams`): the slots and one-shot windows ranks hand
+//!   each other (`message`: what a message looks like), with the checked
+//!   copies of what they read (`checked`).
+//! - the host algorithms, functions over those two (`collectives`).
+//!
+//! It sees its transport only through the `Transport` trait and its
+//! declared capabilities.
 
 mod agreement;
-mod checksums;
+mod checked;
 mod init;
+pub(crate) mod message;
 mod options;
 mod peer_reads;
-mod slots;
-mod wait;
+pub(crate) mod peers;
+mod shadows;
+pub(crate) mod streams;
 
 use std::time::Duration;
 
-pub use checksums::{DamageInjection, ResendRecord};
+pub use checked::ResendRecord;
 pub use options::CommOptions;
-pub(crate) use slots::{Stream, MESSAGE_HEADER_BYTES};
+pub use shadows::DamageInjection;
 
 use super::call::{CallDescriptor, CallKind};
-use super::collectives::{Buffers, RingCall};
+use super::collectives::{self, Buffers, RingCall, RingSettings};
 use super::dtype::{Element, ReduceOp};
 use super::error::EngineError;
 use super::schedule::{self, Algorithm, AlgorithmChoice, Limits};
-use super::transport::Transport;
-use crate::trace::Recorder;
-
-/// A rank's counts of the messages it sent and received on one stream, and
-/// which of the stream's slots they cycle through: the first `in_use`,
-/// counted from the message numbers at which that count took effect.
-pub(crate) struct StreamCounts {
-    pub(crate) sent: u32,
-    pub(crate) received: u32,
-    pub(crate) sent_base: u32,
-    pub(crate) received_base: u32,
-    pub(crate) in_use: u32,
-}
-
-impl StreamCounts {
-    /// A stream of `slots` slots, all in use.
-    pub(crate) fn new(slots: usize) -> StreamCounts {
-        StreamCounts {
-            sent: 0,
-            received: 0,
-            sent_base: 0,
-            received_base: 0,
-            in_use: slots as u32,
-        }
-    }
-}
+use super::slot_fill::SlotFill;
+use agreement::Agreement;
+use peers::Peers;
+use streams::SlotStreams;
 
 pub struct Communicator {
-    pub(crate) transport: Box<dyn Transport>,
-    pub(crate) rank: usize,
-    pub(crate) nranks: usize,
-    pub(crate) options: CommOptions,
-    /// The devices the job depends on, and the faults acted on.
-    monitor: super::fault_monitor::FaultMonitor,
-    /// Calls started so far; the current call's number while one runs.
-    pub(crate) calls: u64,
-    raw: StreamCounts,
-    pub(crate) relay: StreamCounts,
-    /// Rounds posted on this rank's one-shot counter: one-shot windows, and
-    /// the direct algorithm's three meetings per call.
-    pub(crate) one_shot_rounds: u32,
+    peers: Peers,
+    streams: SlotStreams,
+    options: CommOptions,
+    /// What the ring's steps depend on, agreed at init: whether ranks read
+    /// finished data straight from each other's buffers (the ring's
+    /// all-gather for messages in `options.single_copy_messages`, and the
+    /// direct algorithm), and from which working set its raw slots are
+    /// filled with non-temporal stores.
+    ring: RingSettings,
     /// Where the direct algorithm lands each piece it reads from a peer,
     /// kept between calls.
-    pub(crate) direct_scratch: Vec<u64>,
-    /// Whether the stamp on this call's first message from the predecessor
-    /// has been checked against our call.
-    predecessor_checked: bool,
-    current_call: Option<CallDescriptor>,
-    last_call: Option<CallDescriptor>,
-    /// This rank's timeline, when tracing.
-    pub(crate) trace: Option<Recorder>,
+    direct_scratch: Vec<u64>,
     init_time: Duration,
-    /// Whether ranks read finished data straight from each other's buffers
-    /// (the ring's all-gather for messages in `options.single_copy_messages`,
-    /// and the direct algorithm): agreed by all ranks at init.
-    pub(crate) single_copy: bool,
-    /// The working set in bytes from which the ring's raw slots are filled
-    /// with non-temporal stores (`usize::MAX`: never), resolved at init from
-    /// `options.streaming_stores`.
-    pub(crate) streaming_from: usize,
-    /// Below `streaming_from`, the measured choice between plain and
-    /// non-temporal slot fills (`slot_fill`), where the streaming stores
-    /// are `Auto` on host memory; `None`: plain.
-    pub(crate) fill_chooser: Option<crate::engine::slot_fill::FillChooser>,
-    /// How the current ring call fills its slots, for its trace.
-    pub(crate) current_fill: Option<crate::engine::slot_fill::SlotFill>,
-    /// The class of the current call and when it began, where this rank
-    /// chose its slot fill: its time goes to `fill_chooser` at its end.
-    measured_call: Option<(crate::engine::slot_fill::CallClass, u64)>,
-    /// Whether `init` is still agreeing with the peers: waits then last up
-    /// to `join_timeout`, not `peer_timeout`.
-    pub(crate) joining: bool,
-    /// This rank's side of chunk checksums, where they are on.
-    checksums: Option<checksums::Checksums>,
 }
 
 impl Communicator {
     pub fn rank(&self) -> usize {
-        self.rank
+        self.peers.rank
     }
 
     pub fn nranks(&self) -> usize {
-        self.nranks
+        self.peers.nranks
     }
 
     /// Every rank's pid (the kernel's, from the rendezvous): what a
     /// backend's own liveness watch needs.
     pub(crate) fn pids(&self) -> Vec<u32> {
-        self.transport.pids()
+        self.peers.transport.pids()
     }
 
     /// `owner`'s backend area as mapped in this process and its length
@@ -122,14 +74,24 @@ impl Communicator {
     /// the segment has none. The engine never reads or writes it; it lives
     /// as long as the communicator.
     pub(crate) fn backend_area(&self, owner: usize) -> Option<(std::ptr::NonNull<u8>, usize)> {
-        let bytes = self.transport.sizes().backend_bytes;
-        if bytes == 0 || owner >= self.nranks {
+        let transport = &*self.peers.transport;
+        let bytes = transport.sizes().backend_bytes;
+        if bytes == 0 || owner >= self.peers.nranks {
             return None;
         }
-        let start = self
-            .transport
-            .window(owner, super::transport::Window::Backend);
+        let start = transport.window(owner, super::transport::Window::Backend);
         std::ptr::NonNull::new(start).map(|start| (start, bytes))
+    }
+
+    /// This rank's timeline, when tracing: a backend's own spans go there.
+    pub(crate) fn trace(&self) -> Option<&crate::trace::Recorder> {
+        self.peers.trace.as_ref()
+    }
+
+    /// Acts on the faults of the devices the job depends on, where a poll
+    /// is due: a backend's own steps are step boundaries too.
+    pub(crate) fn follow_faults(&mut self) -> Result<(), EngineError> {
+        self.peers.follow_faults()
     }
 
     /// How long `init` took, rendezvous and transport set-up included.
@@ -139,12 +101,12 @@ impl Communicator {
 
     /// The name of the transport the ranks meet over.
     pub fn transport_name(&self) -> &'static str {
-        self.transport.name()
+        self.peers.transport.name()
     }
 
     /// What the transport can do beyond windows and counters.
     pub fn transport_capabilities(&self) -> super::transport::Capabilities {
-        self.transport.capabilities()
+        self.peers.transport.capabilities()
     }
 
     /// Whether the ring's all-gather copies once (for messages in
@@ -154,21 +116,22 @@ impl Communicator {
     /// or twice, through the relay slots. Every rank of a communicator
     /// reports the same.
     pub fn single_copy(&self) -> bool {
-        self.single_copy
+        self.ring.single_copy_messages.is_some()
     }
 
     /// The working set in bytes (every rank's input, and output when out of
     /// place, together) from which this rank's ring fills its raw slots with
     /// non-temporal stores; `None`: never (`CommOptions::streaming_stores`).
     pub fn streaming_stores_from(&self) -> Option<usize> {
-        (self.streaming_from != usize::MAX).then_some(self.streaming_from)
+        let from = self.ring.streaming_from;
+        (from != usize::MAX).then_some(from)
     }
 
     /// Whether, below `streaming_stores_from`, ring calls choose between
     /// plain and non-temporal slot fills by measuring (`slot_fill`), rather
     /// than always filling with plain stores.
     pub fn slot_fill_measured(&self) -> bool {
-        self.fill_chooser.is_some()
+        self.peers.agreement.fill_measured()
     }
 
     /// The message sizes (bytes of the whole buffer) that take the
@@ -186,25 +149,23 @@ impl Communicator {
     /// The faults on this rank's device link it acted on (the AER matrix of
     /// docs/fault-path.md), oldest first, each with the stall it cost.
     pub fn faults(&self) -> &[super::fault_policy::FaultRecord] {
-        self.monitor.faults()
+        self.peers.faults()
     }
 
     /// Whether this rank's messages carry checksums, checked on receipt.
     pub fn chunk_checksums(&self) -> bool {
-        self.checksums.is_some()
+        self.peers.shadows.is_some()
     }
 
     /// The messages that arrived damaged and were read again until whole,
     /// oldest first, each with the stall it cost.
     pub fn resends(&self) -> &[ResendRecord] {
-        self.checksums
-            .as_ref()
-            .map_or(&[], |checksums| checksums.resends())
+        self.streams.resends()
     }
 
     /// The last call this rank made, with the chunk size it moved in.
     pub fn last_call(&self) -> Option<CallDescriptor> {
-        self.last_call
+        self.peers.agreement.last()
     }
 
     /// Publishes a changed link (after a link or AER event) for the chunk
@@ -214,7 +175,7 @@ impl Communicator {
     /// effect at the same call on every rank (the next call that rank decides).
     pub fn set_link(&mut self, link: Option<super::LinkFacts>) {
         self.options.link = link;
-        self.transport.publish_link(link);
+        self.peers.transport.publish_link(link);
     }
 
     /// Changes how the next all_reduce calls pick their algorithm. Every rank
@@ -233,13 +194,13 @@ impl Communicator {
             one_shot_read_budget: self.options.one_shot_read_budget,
             one_shot_max_ranks: usize::MAX,
             direct_messages: self
-                .single_copy
+                .single_copy()
                 .then(|| self.options.direct_messages.clone()),
         };
         schedule::select(
             self.options.algorithm,
             count * std::mem::size_of::<T>(),
-            self.nranks,
+            self.peers.nranks,
             &limits,
         )
     }
@@ -275,17 +236,17 @@ impl Communicator {
         EngineError::check_length(
             "reduce_scatter input (N × output)",
             input.len(),
-            output.len() * self.nranks,
+            output.len() * self.peers.nranks,
         )?;
-        let call = self.begin(
+        let call = self.begin(Agreement::describe(
             CallKind::ReduceScatter,
             T::DTYPE,
             Some(op),
             output.len(),
             0,
             Algorithm::Ring,
-        )?;
-        let result = self.run_ring(
+        ))?;
+        let result = self.ring(
             call,
             RingCall::ReduceScatter(op),
             Buffers::OutOfPlace { input, output },
@@ -303,17 +264,17 @@ impl Communicator {
         EngineError::check_length(
             "all_gather output (N × input)",
             output.len(),
-            input.len() * self.nranks,
+            input.len() * self.peers.nranks,
         )?;
-        let call = self.begin(
+        let call = self.begin(Agreement::describe(
             CallKind::AllGather,
             T::DTYPE,
             None,
             input.len(),
             0,
             Algorithm::Ring,
-        )?;
-        let result = self.run_ring(
+        ))?;
+        let result = self.ring(
             call,
             RingCall::AllGather,
             Buffers::OutOfPlace { input, output },
@@ -327,24 +288,23 @@ impl Communicator {
         buffer: &mut [T],
         root: usize,
     ) -> Result<(), EngineError> {
-        if root >= self.nranks {
-            return Err(EngineError::RootOutOfRange {
-                root,
-                nranks: self.nranks,
-            });
+        let nranks = self.peers.nranks;
+        if root >= nranks {
+            return Err(EngineError::RootOutOfRange { root, nranks });
         }
-        let call = self.begin(
+        let call = self.begin(Agreement::describe(
             CallKind::Broadcast,
             T::DTYPE,
             None,
             buffer.len(),
             root,
             Algorithm::Ring,
-        )?;
-        let result = if self.nranks == 1 {
-            Ok(())
+        ))?;
+        let result = if nranks == 1 {
+            Ok(None)
         } else {
-            self.run_broadcast(call, buffer, root)
+            collectives::broadcast(&mut self.peers, &mut self.streams, call, buffer, root)
+                .map(|()| None)
         };
         self.end(result)
     }
@@ -356,37 +316,81 @@ impl Communicator {
     ) -> Result<(), EngineError> {
         let count = buffers.input().len();
         let algorithm = self.algorithm_for::<T>(count);
-        if algorithm == Algorithm::Direct && !self.single_copy {
+        if algorithm == Algorithm::Direct && !self.single_copy() {
             return Err(EngineError::AlgorithmUnavailable {
                 algorithm,
                 reason: "ranks may not read each other's memory (a transport with peer \
                          reads, allowed between all ranks, and single-copy on)",
             });
         }
-        let call = self.begin(CallKind::AllReduce, T::DTYPE, Some(op), count, 0, algorithm)?;
-        let result = if self.nranks == 1 {
+        let call = self.begin(Agreement::describe(
+            CallKind::AllReduce,
+            T::DTYPE,
+            Some(op),
+            count,
+            0,
+            algorithm,
+        ))?;
+        let result = if self.peers.nranks == 1 {
             if let Buffers::OutOfPlace { input, output } = &mut buffers {
                 output.copy_from_slice(input);
             }
-            Ok(())
+            Ok(None)
         } else {
+            let (peers, streams) = (&mut self.peers, &mut self.streams);
             match algorithm {
-                Algorithm::Ring => self.run_ring(call, RingCall::AllReduce(op), buffers),
-                Algorithm::OneShot => self.run_one_shot(call, op, buffers),
-                Algorithm::Direct => self.run_direct(call, op, buffers),
+                Algorithm::Ring => self.ring(call, RingCall::AllReduce(op), buffers),
+                Algorithm::OneShot => {
+                    collectives::one_shot(peers, streams, call, op, buffers).map(|()| None)
+                }
+                Algorithm::Direct => {
+                    let scratch = &mut self.direct_scratch;
+                    collectives::direct(peers, streams, scratch, call, op, buffers).map(|()| None)
+                }
             }
         };
         self.end(result)
+    }
+
+    /// A ring call, returning how it filled its slots.
+    fn ring<T: Element>(
+        &mut self,
+        call: CallDescriptor,
+        ring_call: RingCall,
+        buffers: Buffers<T>,
+    ) -> Result<Option<SlotFill>, EngineError> {
+        let (peers, streams) = (&mut self.peers, &mut self.streams);
+        collectives::ring(peers, streams, &self.ring, call, ring_call, buffers).map(Some)
+    }
+
+    /// Starts call `call` (its decisions still open) on every part.
+    fn begin(&mut self, call: CallDescriptor) -> Result<CallDescriptor, EngineError> {
+        let call = self.peers.begin_call(call)?;
+        self.streams.begin_call();
+        Ok(call)
+    }
+
+    /// Ends the current call, which returned `result` (with how it filled
+    /// its slots, for a ring call).
+    fn end(&mut self, result: Result<Option<SlotFill>, EngineError>) -> Result<(), EngineError> {
+        let fill = result.as_ref().ok().copied().flatten();
+        // With checksums, what this rank sent may be asked for again until
+        // its successor has consumed it.
+        let result = result.and_then(|_| self.streams.drain(&mut self.peers));
+        self.peers.end_call(result, fill)
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        self.transport.set_departed();
-        if let Some(trace) = &self.trace {
+        self.peers.transport.set_departed();
+        if let Some(trace) = &self.peers.trace {
             // Drop cannot return it: a trace asked for and not written is said.
             if let Err(error) = trace.write() {
-                eprintln!("pcieipc: rank {}: writing its trace: {error}", self.rank);
+                eprintln!(
+                    "pcieipc: rank {}: writing its trace: {error}",
+                    self.peers.rank
+                );
             }
         }
     }

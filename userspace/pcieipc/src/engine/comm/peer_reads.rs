@@ -2,9 +2,10 @@
 //! init that every rank may, and reads that tell a peer that is leaving or
 //! dead from one whose buffer can never be read.
 
+use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
-use super::Communicator;
+use super::peers::Peers;
 use crate::engine::dtype::{bytes_of_mut, Element};
 use crate::engine::error::EngineError;
 use crate::engine::failure::Failure;
@@ -16,7 +17,7 @@ use crate::engine::transport::Signal;
 /// or dead first.
 const UNREADABLE_GRACE: Duration = Duration::from_millis(20);
 
-impl Communicator {
+impl Peers {
     /// Decides, with every other rank, whether ranks read finished data
     /// straight from each other's memory. Each rank publishes a probe word
     /// (its own address in its process), reads its predecessor's back, and
@@ -25,17 +26,22 @@ impl Communicator {
     /// that forbids them (Yama's ptrace_scope 2 or 3, a container's seccomp
     /// policy), a rank started with `single_copy: false`, or a transport
     /// without peer reads makes every rank use the relay slots.
-    pub(crate) fn agree_on_peer_reads(&mut self) -> Result<bool, EngineError> {
+    pub(crate) fn agree_on_peer_reads(
+        &mut self,
+        willing: bool,
+        single_copy_messages: &RangeInclusive<usize>,
+        direct_messages: &RangeInclusive<usize>,
+    ) -> Result<bool, EngineError> {
         if self.nranks == 1 || !self.transport.capabilities().peer_reads {
             return Ok(false);
         }
         let messages = [
-            *self.options.single_copy_messages.start() as u64,
-            *self.options.single_copy_messages.end() as u64,
-            *self.options.direct_messages.start() as u64,
-            *self.options.direct_messages.end() as u64,
+            *single_copy_messages.start() as u64,
+            *single_copy_messages.end() as u64,
+            *direct_messages.start() as u64,
+            *direct_messages.end() as u64,
         ];
-        let willing = self.options.single_copy && self.transport.publish_probe(messages);
+        let willing = willing && self.transport.publish_probe(messages);
         self.transport
             .store(self.rank, Signal::Probed, if willing { 1 } else { 3 });
         let predecessor = self.predecessor();
@@ -114,7 +120,7 @@ impl Communicator {
                     })
                     .into());
             }
-            if waited >= self.options.peer_timeout {
+            if waited >= self.policy.peer_timeout {
                 return Err(transport
                     .abort(Failure::PeerUnresponsive {
                         rank: owner,

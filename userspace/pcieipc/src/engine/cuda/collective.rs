@@ -167,9 +167,9 @@ impl CudaCommunicator {
     /// Waits for this rank's GPU to run what is queued (polling, then
     /// asleep): a "GPU event" wait in the trace.
     pub(super) fn finish_gpu(&self) -> Result<(), CudaError> {
-        let traced_from = self.control.trace.as_ref().map(|_| monotonic_ns());
+        let traced_from = self.control.trace().map(|_| monotonic_ns());
         let outcome = self.gpu.finish_after_polling(self.gpu_poll);
-        if let (Some(trace), Some(start)) = (&self.control.trace, traced_from) {
+        if let (Some(trace), Some(start)) = (self.control.trace(), traced_from) {
             trace.span("GPU event", "wait", start, Vec::new());
         }
         outcome

@@ -293,7 +293,7 @@ impl CudaCommunicator {
             kernel_spans: None,
             gpu,
         };
-        if communicator.control.trace.is_some() {
+        if communicator.control.trace().is_some() {
             communicator.kernel_spans = Some(KernelSpans::new(communicator.gpu.clone()));
         }
         let reason = match options.peer_to_peer {
@@ -531,7 +531,7 @@ impl CudaCommunicator {
 impl Drop for CudaCommunicator {
     fn drop(&mut self) {
         // The control plane writes the trace when it goes, after this.
-        if let (Some(spans), Some(trace)) = (&mut self.kernel_spans, &self.control.trace) {
+        if let (Some(spans), Some(trace)) = (&mut self.kernel_spans, self.control.trace()) {
             spans.resolve(trace);
         }
     }

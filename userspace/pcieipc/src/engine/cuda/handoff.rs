@@ -655,7 +655,7 @@ impl CudaCommunicator {
         // The device under this rank (`CommOptions::link_device`), where the
         // control plane follows one: its faults are acted on per call, as on
         // the host transports (a fatal one fails the call).
-        self.control.follow_link_events()?;
+        self.control.follow_faults()?;
         self.exchange
             .as_ref()
             .map(|exchange| exchange.window)
