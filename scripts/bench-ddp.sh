@@ -13,18 +13,15 @@ fi
 export PYTHONPATH OMP_NUM_THREADS=1
 echo "examples/ddp_train.py, $NPROC ranks on $DEVICE, $STEPS steps, median step time (ms), $REPEAT alternating runs"
 echo "CPU: $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed "s/^ *//"), $(getconf _NPROCESSORS_ONLN) CPUs"
-declare -A all
+use_work_dir
 for run in $(seq "$REPEAT"); do
     for backend in "${backends[@]}"; do
         out="$("$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" "$REPO_ROOT/examples/ddp_train.py" \
             --backend "$backend" --device "$DEVICE" --steps "$STEPS" 2>&1)" || { echo "$out" | tail -20; die "$backend failed"; }
         ms="$(echo "$out" | sed -n 's/.*median step \([0-9.]*\) ms.*/\1/p')"
         [ -n "$ms" ] || { echo "$out" | tail -20; die "$backend printed no step time"; }
-        echo "run $run: $backend $ms"
-        all[$backend]+="$ms "
+        echo "run $run: $backend $ms" | tee -a "$work/runs.txt"
     done
 done
-for backend in "${backends[@]}"; do
-    median="$(printf '%s\n' ${all[$backend]} | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')"
-    echo "median: $backend $median ms"
-done
+# Per backend, the median of its runs' step times (scripts/bench_compare.py ddp).
+python3 "$REPO_ROOT/scripts/bench_compare.py" ddp "$work/runs.txt"

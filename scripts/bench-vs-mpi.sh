@@ -123,18 +123,7 @@ stolen_ticks() { awk '$1 == "cpu" { print $9; exit }' /proc/stat; }
 ticks_per_s=$(getconf CLK_TCK)
 # timed_ms FILE CALLS: the ms a run's timed calls took, from pcieipc's JSON
 # report or MPI's lines (size, then time and busbw out of place and in place).
-timed_ms() {
-    python3 - "$1" "$2" <<'PY'
-import json, sys
-text, calls = open(sys.argv[1]).read(), int(sys.argv[2])
-if text.lstrip().startswith("{"):
-    times = [row[kind]["time_us"] for row in json.loads(text)["results"] for kind in ("out_of_place", "in_place")]
-else:
-    times = [float(value) for line in text.splitlines() if line.strip() and not line.startswith("#")
-             for value in line.split()[1::2]]
-print(int(sum(times) * calls / 1000))
-PY
-}
+timed_ms() { python3 scripts/bench_compare.py timed-ms "$1" "$2"; }
 # measured LABEL CALLS OUTPUT COMMAND...: COMMAND's stdout to OUTPUT, remade
 # while the hypervisor stole more than the rule allows; "LABEL remakes
 # stolen_ms allowed_ms" goes to $work/steal.txt, and each run set aside to
@@ -233,151 +222,18 @@ for run in $(seq "$REPEAT"); do
     done
 done
 
-python3 - "$work" "$REPEAT" "$RELAY" "$BASELINE" "$LATENCY_REPEAT" "$STEAL_RETRIES" <<'EOF'
-import glob, json, statistics, sys
-work, repeat, relay, baseline = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] != ""
-latency_repeat, steal_retries = int(sys.argv[5]), int(sys.argv[6])
-# The paths each binary's reports name, apart: a baseline that took another
-# path (algorithm) at some size is part of what a before/after shows.
-paths = {"pcieipc": set(), "baseline": set()}
-
-try:
-    import jsonschema
-    schema = json.load(open("docs/schemas/bench-v1.schema.json"))
-except ImportError:
-    jsonschema = None
-    print("# bench JSON not validated against docs/schemas/bench-v1.schema.json: python3-jsonschema missing")
-
-# Per size, the runs' (oop time, oop busbw, ip time, ip busbw).
-def pcieipc(name, binary="pcieipc", runs_made=None):
-    runs = {}
-    for run in range(1, (runs_made or repeat) + 1):
-        # A latency run's one report, or a busbw run's report per size.
-        for file in glob.glob(f"{work}/{name}-{run}.json") + glob.glob(f"{work}/{name}-{run}.*.json"):
-            report = json.load(open(file))
-            if jsonschema:
-                jsonschema.validate(report, schema)
-            paths[binary].add(report.get("path", report["transport"]))
-            if report["wrong"]:
-                sys.exit(f"{binary} bench reported {report['wrong']} wrong values")
-            for row in report["results"]:
-                oop, ip = row["out_of_place"], row["in_place"]
-                runs.setdefault(row["size_bytes"], []).append(
-                    (oop["time_us"], oop["busbw_gb_s"], ip["time_us"], ip["busbw_gb_s"]))
-    return runs
-
-def mpi(name, runs_made=None):
-    runs = {}
-    for run in range(1, (runs_made or repeat) + 1):
-        # A latency run's lines, or a busbw run's per size.
-        for line in (line for file in glob.glob(f"{work}/{name}-{run}.txt") + glob.glob(f"{work}/{name}-{run}.*.txt")
-                     for line in open(file)):
-            if line.startswith("#") or not line.strip():
-                continue
-            size, *values = line.split()
-            runs.setdefault(int(size), []).append(tuple(float(value) for value in values))
-    return runs
-
-# Median and best over the runs: times (index 0, 2) best lowest, busbw (1, 3) best highest.
-def median(runs, at):
-    return statistics.median(run[at] for run in runs)
-
-def best(runs, at):
-    return (min if at in (0, 2) else max)(run[at] for run in runs)
-
-# The host's cross-core copy rate beside each size (bench/cross_core.c), per size.
-host = {}
-for run in range(1, repeat + 1):
-    for line in open(f"{work}/host-{run}.txt"):
-        size, rate = line.split()
-        host.setdefault(int(size), []).append(float(rate))
-
-# Columns as wide as their labels (pcieipc, MPI or baseline), so that a table
-# without the baseline reads as it always has. The last column: the host's
-# cross-core copy rate measured beside that size's runs, median (lowest-highest).
-def table(ours, theirs, title, labels=("pcieipc", "MPI")):
-    w_ours, w_theirs = len(labels[0]) + 6, len(labels[1]) + 6
-    print(f"\n# {title}")
-    print(f"#{'size':>11} {labels[0] + ' oop':>{w_ours}} {labels[1] + ' oop':>{w_theirs}} {'ratio':>6} "
-          f"{labels[0] + ' ip':>{w_ours - 1}} {labels[1] + ' ip':>{w_theirs}} {'ratio':>6}   | best: oop ratio  ip ratio"
-          f" | host GB/s")
-    worst = worst_best = None
-    # The run-to-run spread's low tail: the most of one size's runs on this
-    # side that fell below the other side's median there.
-    tail = (0, None, None)
-    for size in sorted(ours):
-        o, m = ours[size], theirs.get(size)
-        if m is None:
-            continue
-        r_oop, r_ip = median(o, 1) / median(m, 1), median(o, 3) / median(m, 3)
-        b_oop, b_ip = best(o, 1) / best(m, 1), best(o, 3) / best(m, 3)
-        worst = min(worst or r_oop, r_oop, r_ip)
-        worst_best = min(worst_best or b_oop, b_oop, b_ip)
-        for kind, at in (("out of place", 1), ("in place", 3)):
-            below = sum(run[at] < median(m, at) for run in o)
-            if below > tail[0]:
-                tail = (below, size, kind)
-        rates = host.get(size, [])
-        rate = f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})" if rates else "-"
-        print(f"{size:>12} {median(o, 1):>{w_ours}.2f} {median(m, 1):>{w_theirs}.2f} {r_oop:>6.2f} "
-              f"{median(o, 3):>{w_ours - 1}.2f} {median(m, 3):>{w_theirs}.2f} {r_ip:>6.2f}   | {b_oop:>14.2f} {b_ip:>9.2f}"
-              f" | {rate}")
-    print(f"# lowest ratio: {worst:.2f} of medians, {worst_best:.2f} of bests")
-    below, size, kind = tail
-    where = f" ({size} B {kind})" if below else ""
-    print(f"# {labels[0]}'s runs below {labels[1]}'s median busbw: at most {below} of {repeat} at one size{where}")
-    return worst
-
-ours8, theirs8 = pcieipc("pcieipc-8", runs_made=latency_repeat), mpi("mpi-8", latency_repeat)
-if baseline:
-    base8 = pcieipc("baseline-8", "baseline", latency_repeat)
-print(f"\n# pcieipc: {'; '.join(sorted(paths['pcieipc']))}")
-if baseline:
-    print(f"# baseline: {'; '.join(sorted(paths['baseline']))}")
-print(f"\n# 8-byte all_reduce latency (us), median (best) of {latency_repeat} alternating runs of 10000")
-header = "#            pcieipc oop        MPI oop     pcieipc ip         MPI ip"
-columns = [(ours8, 0), (theirs8, 0), (ours8, 2), (theirs8, 2)]
-if baseline:
-    header += "     baseline oop     baseline ip"
-    columns += [(base8, 0), (base8, 2)]
-print(header)
-print(f"{'8 B':>12} " + "  ".join(f"{median(runs[8], at):>7.2f} ({best(runs[8], at):.2f})" for runs, at in columns))
-# The gate: pcieipc's median 8-byte latency no higher than MPI's, in and out
-# of place; the busbw gate follows the busbw table.
-behind = [f"8 B {kind}: {median(ours8[8], at):.2f} us against {median(theirs8[8], at):.2f}"
-          for kind, at in (("out of place", 0), ("in place", 2)) if median(ours8[8], at) > median(theirs8[8], at)]
-
-theirs = mpi("mpi")
-ours = pcieipc("pcieipc")
-worst = table(ours, theirs,
-              f"busbw (GB/s), float sum, 2 ranks, median of {repeat} runs alternating per size; ratio = pcieipc / MPI")
-if worst < 1.0:
-    behind.append(f"busbw: lowest median ratio {worst:.2f}")
-if baseline:
-    base = pcieipc("baseline", "baseline")
-    table(base, theirs, "the baseline's busbw, same runs; ratio = baseline / MPI", ("baseline", "MPI"))
-    table(ours, base, "this tree's pcieipc against the baseline, same runs; ratio = pcieipc / baseline "
-          "(below 1: slower than before)", ("pcieipc", "baseline"))
-if relay:
-    relay8 = pcieipc("relay-8", runs_made=latency_repeat)
-    print(f"\n# pcieipc --single-copy off, 8 B (us): {median(relay8[8], 0):.2f} / {median(relay8[8], 2):.2f}")
-    table(pcieipc("relay"), theirs,
-          "pcieipc --single-copy off (the ring and its relay slots only), same runs; ratio = relay / MPI")
-
-# What the hypervisor's steal did to the runs (measured in the script), per side.
-sides = {}
-for line in open(f"{work}/steal.txt"):
-    side, _size, remakes, stolen_ms, allowed_ms = line.split()
-    kept, remade, over, stolen = sides.get(side, (0, 0, 0, 0))
-    sides[side] = (kept + 1, remade + int(remakes), over + (int(stolen_ms) > int(allowed_ms)), stolen + int(stolen_ms))
-print("\n# hypervisor steal (/proc/stat) per side: runs kept, runs made again because it took more than 1% of their"
-      f" timed CPU time, kept over that after {steal_retries} remakes, steal met by the kept runs")
-for side, (kept, remade, over, stolen) in sorted(sides.items()):
-    print(f"#{side:>11} {kept:>5} kept {remade:>4} remade {over:>4} over {stolen:>7} ms")
-if behind:
-    print("\n# FAILED: pcieipc's median is behind MPI's: " + "; ".join(behind))
-    open(f"{work}/behind", "w").write("\n".join(behind))
-EOF
+# The report (scripts/bench_compare.py mpi): 8-byte latency, the busbw tables,
+# steal per side. It exits 3 where pcieipc's median is behind MPI's (and
+# writes why to $work/behind): the late-peer runs below are still made, and
+# the script fails at the end. Any other failure (a run's wrong values) stops
+# the script here.
+report_flags=()
+[ -z "$BASELINE" ] || report_flags+=(--baseline)
+[ "$RELAY" != 1 ] || report_flags+=(--relay)
+behind=0
+python3 scripts/bench_compare.py mpi "$work" --repeat "$REPEAT" --latency-repeat "$LATENCY_REPEAT" \
+    --steal-retries "$STEAL_RETRIES" "${report_flags[@]}" || behind=$?
+[ "$behind" = 0 ] || [ "$behind" = 3 ] || exit 1
 
 echo
 echo "# CPU time of rank 0 while its peer is ${LATE_MS} ms late (8-byte all_reduce)"
@@ -389,4 +245,4 @@ if [ -n "$BASELINE" ]; then
     "$BASELINE" bench --nranks 2 --late-peer-ms "$LATE_MS"
 fi
 # Behind MPI anywhere: the run fails, so a regression cannot pass unseen.
-[ ! -e "$work/behind" ]
+[ "$behind" = 0 ]

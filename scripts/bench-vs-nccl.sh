@@ -64,46 +64,5 @@ for run in $(seq "$REPEAT"); do
         $MIN_BYTES $MAX_BYTES $FACTOR "$ITERS" "$WARMUP" >"$work/nccl-$run.jsonl"
 done
 
-python3 - "$work" "$REPEAT" "$ngpus" "$BASELINE" <<'PY'
-import json, sys
-work, repeat, n, with_baseline = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] != ""
-pcieipc, baseline, nccl = {}, {}, {}
-
-# Per size, the best (out of place, in place) times of a pcieipc binary's runs.
-def keep_best(name, run, best):
-    report = json.load(open(f"{work}/{name}-{run}.json"))
-    if report["wrong"]:
-        sys.exit(f"{name} bench reported {report['wrong']} wrong values")
-    for row in report["results"]:
-        times = (row["out_of_place"]["time_us"], row["in_place"]["time_us"])
-        best[row["size_bytes"]] = tuple(map(min, best.get(row["size_bytes"], times), times))
-
-for run in range(1, repeat + 1):
-    keep_best("pcieipc", run, pcieipc)
-    if with_baseline:
-        keep_best("baseline", run, baseline)
-    for line in open(f"{work}/nccl-{run}.jsonl"):
-        row = json.loads(line)
-        if row["wrong"]:
-            sys.exit(f"NCCL all_reduce gave {row['wrong']} wrong values")
-        nccl[row["size_bytes"]] = min(nccl.get(row["size_bytes"], row["ip_us"]), row["ip_us"])
-busbw = lambda size, us: size / us / 1e3 * 2 * (n - 1) / n
-cell = lambda size, us: f"{busbw(size, us):8.2f} {us:9.1f}"
-print(f"# {n} GPUs, float sum, best of {repeat}: busbw GB/s and time us")
-if not with_baseline:
-    print(f"{'size (B)':>12}  {'pcieipc out-of-place':>20}  {'pcieipc in-place':>20}  {'NCCL in-place':>20}")
-    for size in sorted(set(pcieipc) & set(nccl)):
-        oop, ip = pcieipc[size]
-        print(f"{size:>12}  {cell(size, oop):>20}  {cell(size, ip):>20}  {cell(size, nccl[size]):>20}")
-else:
-    # ratio = pcieipc's busbw / the baseline's (the baseline's time / pcieipc's): below 1, slower than before.
-    print(f"{'size (B)':>12}  {'pcieipc out-of-place':>20}  {'baseline out-of-place':>21}  {'ratio':>5}  "
-          f"{'pcieipc in-place':>20}  {'baseline in-place':>20}  {'ratio':>5}  {'NCCL in-place':>20}")
-    worst = None
-    for size in sorted(set(pcieipc) & set(baseline) & set(nccl)):
-        (oop, ip), (base_oop, base_ip) = pcieipc[size], baseline[size]
-        worst = min(worst or base_oop / oop, base_oop / oop, base_ip / ip)
-        print(f"{size:>12}  {cell(size, oop):>20}  {cell(size, base_oop):>21}  {base_oop / oop:>5.2f}  "
-              f"{cell(size, ip):>20}  {cell(size, base_ip):>20}  {base_ip / ip:>5.2f}  {cell(size, nccl[size]):>20}")
-    print(f"# lowest ratio pcieipc / baseline: {worst:.2f} (of bests)")
-PY
+# Per size, the best of the REPEAT runs, busbw and time (scripts/bench_compare.py nccl).
+python3 scripts/bench_compare.py nccl "$work" --repeat "$REPEAT" --ngpus "$ngpus" ${BASELINE:+--baseline}

@@ -25,6 +25,7 @@ add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsa
 # The library's engine (its communicator and CUDA backend) still has import
 # cycles (docs/engine.md); every other crate is held to none.
 add_step "userspace: no import cycle in the CLI, testbed, bindings, ivshmem server and Python crates" 'python3 scripts/check-rust-imports.py --self-test && python3 scripts/check-rust-imports.py userspace/cli/src userspace/testbed/src userspace/uapi/src userspace/ivshmem-server/src python/src >/dev/null'
+add_step "bench comparison tool: fixtures (medians, ratios, exit status when behind)" 'python3 scripts/bench_compare.py --self-test'
 add_step "distro: pcieipc.ko for Debian's packaged kernel, against its headers, with its rustc 1.85 (the MSRV)" 'bash scripts/distro-kmod.sh >/dev/null'
 add_step "distro: the DKMS .deb names what is missing, prepares the headers through its hook, builds, signs, upgrades, removes" 'bash scripts/test-dkms.sh'
 add_step "monitor as a service: store, Prometheus scrape and PromQL, promtool, restart without duplicates, bad stores and addresses" 'bash scripts/test-monitor-service.sh'

@@ -1,0 +1,562 @@
+#!/usr/bin/env python3
+"""The comparisons the benchmark scripts print: pcieipc's `bench` runs
+against OpenMPI's (scripts/bench-vs-mpi.sh), NCCL's (scripts/bench-vs-nccl.sh),
+another pcieipc build's (BASELINE= in those and scripts/bench-trace-overhead.sh),
+and DDP step times per backend (scripts/bench-ddp.sh). The scripts run the
+programs in turns into a work directory; this reads what they left there and
+does the rest: parsing, medians and bests over the alternating runs, the
+per-size tables with their ratios, and the exit status.
+
+    bench_compare.py mpi WORK [--repeat N] [--latency-repeat N] [--steal-retries N] [--baseline] [--relay]
+    bench_compare.py timed-ms FILE CALLS
+    bench_compare.py nccl WORK --ngpus N [--repeat N] [--baseline]
+    bench_compare.py trace-overhead WORK [--repeat N]
+    bench_compare.py ddp RUNS
+    bench_compare.py --self-test
+
+What WORK holds, per subcommand (RUN counts from 1):
+- mpi: pcieipc-8-RUN.json, pcieipc-RUN.SIZE.json (`pcieipc bench --json`),
+  mpi-8-RUN.txt, mpi-RUN.SIZE.txt (bench/mpi_allreduce.c's lines), the same
+  as baseline-* and relay-* where asked, host-RUN.txt ("SIZE GB/s" lines of
+  bench/cross_core.c) and steal.txt ("SIDE SIZE REMAKES STOLEN_MS ALLOWED_MS"
+  lines); a run set aside for steal (*.stolen-N) is not read;
+- nccl: pcieipc-RUN.json, baseline-RUN.json, nccl-RUN.jsonl
+  (bench/nccl_allreduce.py's lines);
+- trace-overhead: baseline-RUN.out, off-RUN.out, on-RUN.out (`pcieipc bench`'s
+  text table).
+timed-ms FILE: one run's output, pcieipc's JSON report or MPI's lines; prints
+the milliseconds its timed calls took over CALLS calls. ddp RUNS: the
+script's "run N: BACKEND MS" lines.
+
+Exit status: 0; 1 where a run's output cannot be compared (wrong values);
+2 on bad usage; 3 (mpi) where pcieipc's median is behind MPI's anywhere,
+then also written, a reason a line, to WORK/behind.
+"""
+
+import argparse
+import collections
+import contextlib
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMA = "docs/schemas/bench-v1.schema.json"
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "bench")
+BEHIND = 3
+
+# One side's run of one size is a row: (out-of-place time, out-of-place busbw,
+# in-place time, in-place busbw); times in us, the lowest best; busbw in GB/s,
+# the highest best. A side that has no value for a column holds None there.
+TIME_OOP, BUSBW_OOP, TIME_IP, BUSBW_IP = range(4)
+TIMES = (TIME_OOP, TIME_IP)
+
+
+class Broken(Exception):
+    """A run whose results cannot be compared (its own check found wrong values)."""
+
+
+# What one `pcieipc bench` run printed: its rows by size, the path its header
+# names (None from the text table) and its wrong values (None: not read).
+Output = collections.namedtuple("Output", "rows path wrong")
+
+
+def is_report(text):
+    """Whether a run's output is pcieipc's --json report (not a text table, nor MPI's lines)."""
+    return text.lstrip().startswith("{")
+
+
+def pcieipc_output(file, schema=None):
+    """One `pcieipc bench` run's output: its --json report (validated against
+    `schema` when given) or its text table, whose columns 1, 6, 8, 10 and 12
+    are the size and the times and busbw out of place and in place."""
+    text = open(file).read()
+    if not is_report(text):
+        rows = {}
+        for line in text.splitlines():
+            if re.match(r" +[0-9]", line):
+                fields = line.split()
+                rows[int(fields[0])] = tuple(float(fields[at]) for at in (5, 7, 9, 11))
+        return Output(rows, None, None)
+    report = json.loads(text)
+    if schema is not None:
+        import jsonschema
+        jsonschema.validate(report, schema)
+    rows = {row["size_bytes"]: (row["out_of_place"]["time_us"], row["out_of_place"]["busbw_gb_s"],
+                                row["in_place"]["time_us"], row["in_place"]["busbw_gb_s"])
+            for row in report["results"]}
+    return Output(rows, report.get("path", report["transport"]), report["wrong"])
+
+
+def checked(output, label):
+    """The output's rows, unless its run found wrong values."""
+    if output.wrong:
+        raise Broken(f"{label} bench reported {output.wrong} wrong values")
+    return output.rows
+
+
+def mpi_output(file):
+    """bench/mpi_allreduce.c's lines: size, then time and busbw out of place
+    and in place; comment lines start with #."""
+    rows = {}
+    for line in open(file):
+        if line.startswith("#") or not line.strip():
+            continue
+        size, *values = line.split()
+        rows[int(size)] = tuple(float(value) for value in values)
+    return rows
+
+
+def nccl_output(file):
+    """bench/nccl_allreduce.py's JSON lines: in-place time only."""
+    rows = {}
+    for line in open(file):
+        row = json.loads(line)
+        if row["wrong"]:
+            raise Broken(f"NCCL all_reduce gave {row['wrong']} wrong values")
+        rows[row["size_bytes"]] = (None, None, row["ip_us"], None)
+    return rows
+
+
+def by_size(outputs):
+    """{size: [each run's row at that size]} over runs' rows by size."""
+    runs = {}
+    for rows in outputs:
+        for size, row in rows.items():
+            runs.setdefault(size, []).append(row)
+    return runs
+
+
+def run_files(work, name, runs, ext):
+    """A side's outputs of runs 1..runs: NAME-RUN.EXT (one for the sweep) or
+    NAME-RUN.SIZE.EXT (one per size)."""
+    return [file for run in range(1, runs + 1)
+            for file in glob.glob(f"{work}/{name}-{run}.{ext}") + glob.glob(f"{work}/{name}-{run}.*.{ext}")]
+
+
+def median(rows, at):
+    return statistics.median(row[at] for row in rows)
+
+
+def best(rows, at):
+    return (min if at in TIMES else max)(row[at] for row in rows)
+
+
+def medians(runs):
+    """{size: row of the runs' medians}."""
+    return {size: tuple(median(rows, at) for at in range(4)) for size, rows in runs.items()}
+
+
+def timed_ms(file, calls):
+    """The ms a run's timed calls took: every time in its output, out of
+    place and in place, times the calls it made at that size."""
+    rows = pcieipc_output(file).rows if is_report(open(file).read()) else mpi_output(file)
+    return int(sum(row[at] for row in rows.values() for at in TIMES) * calls / 1000)
+
+
+# --- scripts/bench-vs-mpi.sh ------------------------------------------------
+
+def host_rates(work, repeat):
+    """The host's cross-core copy rate measured beside each size, per size."""
+    host = {}
+    for run in range(1, repeat + 1):
+        for line in open(f"{work}/host-{run}.txt"):
+            size, rate = line.split()
+            host.setdefault(int(size), []).append(float(rate))
+    return host
+
+
+def ratio_table(ours, theirs, title, repeat, host, labels=("pcieipc", "MPI")):
+    """Median busbw of both sides per size, their ratio, the ratio of bests
+    and the host's rate; returns the lowest ratio of medians. Columns as wide
+    as their labels, so that a table without the baseline reads as it always
+    has. The last column: the host's cross-core copy rate measured beside that
+    size's runs, median (lowest-highest)."""
+    w_ours, w_theirs = len(labels[0]) + 6, len(labels[1]) + 6
+    print(f"\n# {title}")
+    print(f"#{'size':>11} {labels[0] + ' oop':>{w_ours}} {labels[1] + ' oop':>{w_theirs}} {'ratio':>6} "
+          f"{labels[0] + ' ip':>{w_ours - 1}} {labels[1] + ' ip':>{w_theirs}} {'ratio':>6}   | best: oop ratio  ip ratio"
+          f" | host GB/s")
+    ratios, best_ratios = [], []
+    # The run-to-run spread's low tail: the most of one size's runs on this
+    # side that fell below the other side's median there.
+    tail = (0, None, None)
+    for size in sorted(ours):
+        o, m = ours[size], theirs.get(size)
+        if m is None:
+            continue
+        r_oop, r_ip = median(o, BUSBW_OOP) / median(m, BUSBW_OOP), median(o, BUSBW_IP) / median(m, BUSBW_IP)
+        b_oop, b_ip = best(o, BUSBW_OOP) / best(m, BUSBW_OOP), best(o, BUSBW_IP) / best(m, BUSBW_IP)
+        ratios += [r_oop, r_ip]
+        best_ratios += [b_oop, b_ip]
+        for kind, at in (("out of place", BUSBW_OOP), ("in place", BUSBW_IP)):
+            below = sum(run[at] < median(m, at) for run in o)
+            if below > tail[0]:
+                tail = (below, size, kind)
+        rates = host.get(size, [])
+        rate = f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})" if rates else "-"
+        print(f"{size:>12} {median(o, BUSBW_OOP):>{w_ours}.2f} {median(m, BUSBW_OOP):>{w_theirs}.2f} {r_oop:>6.2f} "
+              f"{median(o, BUSBW_IP):>{w_ours - 1}.2f} {median(m, BUSBW_IP):>{w_theirs}.2f} {r_ip:>6.2f}   | "
+              f"{b_oop:>14.2f} {b_ip:>9.2f} | {rate}")
+    if not ratios:
+        raise Broken(f"{title}: no size that both {labels[0]} and {labels[1]} ran")
+    print(f"# lowest ratio: {min(ratios):.2f} of medians, {min(best_ratios):.2f} of bests")
+    below, size, kind = tail
+    where = f" ({size} B {kind})" if below else ""
+    print(f"# {labels[0]}'s runs below {labels[1]}'s median busbw: at most {below} of {repeat} at one size{where}")
+    return min(ratios)
+
+
+def latency_behind(ours8, theirs8):
+    """The gate on 8-byte latency: where pcieipc's median time is above MPI's,
+    in and out of place."""
+    return [f"8 B {kind}: {median(ours8[8], at):.2f} us against {median(theirs8[8], at):.2f}"
+            for kind, at in (("out of place", TIME_OOP), ("in place", TIME_IP))
+            if median(ours8[8], at) > median(theirs8[8], at)]
+
+
+def steal_summary(work, steal_retries):
+    """What the hypervisor's steal did to the runs (measured in the script), per side."""
+    sides = {}
+    for line in open(f"{work}/steal.txt"):
+        side, _size, remakes, stolen_ms, allowed_ms = line.split()
+        kept, remade, over, stolen = sides.get(side, (0, 0, 0, 0))
+        sides[side] = (kept + 1, remade + int(remakes), over + (int(stolen_ms) > int(allowed_ms)),
+                       stolen + int(stolen_ms))
+    print("\n# hypervisor steal (/proc/stat) per side: runs kept, runs made again because it took more than 1% of their"
+          f" timed CPU time, kept over that after {steal_retries} remakes, steal met by the kept runs")
+    for side, (kept, remade, over, stolen) in sorted(sides.items()):
+        print(f"#{side:>11} {kept:>5} kept {remade:>4} remade {over:>4} over {stolen:>7} ms")
+
+
+def mpi_report(work, repeat, latency_repeat, steal_retries, baseline=False, relay=False):
+    """bench-vs-mpi.sh's report; BEHIND where pcieipc's median is behind
+    MPI's at 8 bytes or in busbw at any size."""
+    try:
+        import jsonschema  # noqa: F401
+        schema = json.load(open(os.path.join(ROOT, SCHEMA)))
+    except ImportError:
+        schema = None
+        print(f"# bench JSON not validated against {SCHEMA}: python3-jsonschema missing")
+    # The paths each binary's reports name, apart: a baseline that took another
+    # path (algorithm) at some size is part of what a before/after shows.
+    paths = {"pcieipc": set(), "baseline": set()}
+
+    def ours(name, binary="pcieipc", runs=repeat):
+        outputs = [pcieipc_output(file, schema) for file in run_files(work, name, runs, "json")]
+        for output in outputs:
+            paths[binary].add(output.path)
+        return by_size(checked(output, binary) for output in outputs)
+
+    def theirs(name, runs=repeat):
+        return by_size(mpi_output(file) for file in run_files(work, name, runs, "txt"))
+
+    host = host_rates(work, repeat)
+    ours8, theirs8 = ours("pcieipc-8", runs=latency_repeat), theirs("mpi-8", latency_repeat)
+    if baseline:
+        base8 = ours("baseline-8", "baseline", latency_repeat)
+    print(f"\n# pcieipc: {'; '.join(sorted(paths['pcieipc']))}")
+    if baseline:
+        print(f"# baseline: {'; '.join(sorted(paths['baseline']))}")
+    print(f"\n# 8-byte all_reduce latency (us), median (best) of {latency_repeat} alternating runs of 10000")
+    header = "#            pcieipc oop        MPI oop     pcieipc ip         MPI ip"
+    columns = [(ours8, TIME_OOP), (theirs8, TIME_OOP), (ours8, TIME_IP), (theirs8, TIME_IP)]
+    if baseline:
+        header += "     baseline oop     baseline ip"
+        columns += [(base8, TIME_OOP), (base8, TIME_IP)]
+    print(header)
+    print(f"{'8 B':>12} " + "  ".join(f"{median(runs[8], at):>7.2f} ({best(runs[8], at):.2f})" for runs, at in columns))
+    behind = latency_behind(ours8, theirs8)
+
+    mpi_busbw = theirs("mpi")
+    ours_busbw = ours("pcieipc")
+    worst = ratio_table(ours_busbw, mpi_busbw, f"busbw (GB/s), float sum, 2 ranks, median of {repeat} runs alternating "
+                        "per size; ratio = pcieipc / MPI", repeat, host)
+    if worst < 1.0:
+        behind.append(f"busbw: lowest median ratio {worst:.2f}")
+    if baseline:
+        base = ours("baseline", "baseline")
+        ratio_table(base, mpi_busbw, "the baseline's busbw, same runs; ratio = baseline / MPI", repeat, host,
+                    ("baseline", "MPI"))
+        ratio_table(ours_busbw, base, "this tree's pcieipc against the baseline, same runs; ratio = pcieipc / baseline "
+                    "(below 1: slower than before)", repeat, host, ("pcieipc", "baseline"))
+    if relay:
+        relay8 = ours("relay-8", runs=latency_repeat)
+        print(f"\n# pcieipc --single-copy off, 8 B (us): {median(relay8[8], TIME_OOP):.2f} / "
+              f"{median(relay8[8], TIME_IP):.2f}")
+        ratio_table(ours("relay"), mpi_busbw, "pcieipc --single-copy off (the ring and its relay slots only), same "
+                    "runs; ratio = relay / MPI", repeat, host)
+    steal_summary(work, steal_retries)
+    if not behind:
+        return 0
+    print("\n# FAILED: pcieipc's median is behind MPI's: " + "; ".join(behind))
+    open(f"{work}/behind", "w").write("\n".join(behind))
+    return BEHIND
+
+
+# --- scripts/bench-vs-nccl.sh -----------------------------------------------
+
+def nccl_report(work, repeat, n, baseline=False):
+    """bench-vs-nccl.sh's table: per size the best of the runs, busbw and time."""
+    sides = {"pcieipc": [], "baseline": [], "NCCL": []}
+    # Run by run, as the runs were made: the first with wrong values stops it.
+    for run in range(1, repeat + 1):
+        sides["pcieipc"].append(checked(pcieipc_output(f"{work}/pcieipc-{run}.json"), "pcieipc"))
+        if baseline:
+            sides["baseline"].append(checked(pcieipc_output(f"{work}/baseline-{run}.json"), "baseline"))
+        sides["NCCL"].append(nccl_output(f"{work}/nccl-{run}.jsonl"))
+    pcieipc, base, nccl = (by_size(outputs) for outputs in sides.values())
+
+    def cell(size, rows, at):
+        us = best(rows, at)
+        return f"{size / us / 1e3 * 2 * (n - 1) / n:8.2f} {us:9.1f}"
+
+    print(f"# {n} GPUs, float sum, best of {repeat}: busbw GB/s and time us")
+    if not baseline:
+        print(f"{'size (B)':>12}  {'pcieipc out-of-place':>20}  {'pcieipc in-place':>20}  {'NCCL in-place':>20}")
+        for size in sorted(set(pcieipc) & set(nccl)):
+            print(f"{size:>12}  {cell(size, pcieipc[size], TIME_OOP):>20}  {cell(size, pcieipc[size], TIME_IP):>20}  "
+                  f"{cell(size, nccl[size], TIME_IP):>20}")
+        return 0
+    # ratio = pcieipc's busbw / the baseline's (the baseline's time / pcieipc's): below 1, slower than before.
+    print(f"{'size (B)':>12}  {'pcieipc out-of-place':>20}  {'baseline out-of-place':>21}  {'ratio':>5}  "
+          f"{'pcieipc in-place':>20}  {'baseline in-place':>20}  {'ratio':>5}  {'NCCL in-place':>20}")
+    ratios = []
+    for size in sorted(set(pcieipc) & set(base) & set(nccl)):
+        ours, before = pcieipc[size], base[size]
+        r_oop, r_ip = (best(before, at) / best(ours, at) for at in TIMES)
+        ratios += [r_oop, r_ip]
+        print(f"{size:>12}  {cell(size, ours, TIME_OOP):>20}  {cell(size, before, TIME_OOP):>21}  {r_oop:>5.2f}  "
+              f"{cell(size, ours, TIME_IP):>20}  {cell(size, before, TIME_IP):>20}  {r_ip:>5.2f}  "
+              f"{cell(size, nccl[size], TIME_IP):>20}")
+    if not ratios:
+        raise Broken("no size that pcieipc, the baseline and NCCL all ran")
+    print(f"# lowest ratio pcieipc / baseline: {min(ratios):.2f} (of bests)")
+    return 0
+
+
+# --- scripts/bench-trace-overhead.sh ----------------------------------------
+
+def trace_overhead_report(work, repeat):
+    """bench-trace-overhead.sh's table: per size the medians of the build
+    without tracing code, tracing off and tracing on, and the speed of the
+    latter two against the first."""
+    base, off, on = (medians(by_size(pcieipc_output(f"{work}/{name}-{run}.out").rows for run in range(1, repeat + 1)))
+                     for name in ("baseline", "off", "on"))
+    print(f"# medians of {repeat} alternating rounds; busbw GB/s out of place / in place (8 B: time in µs);")
+    print("# off/none, on/none: speed against the build without tracing code (above 1: faster)")
+    print(f"{'size':>10} {'no tracing code':>20} {'tracing off':>20} {'tracing on':>20} {'off/none':>9} {'on/none':>9}")
+    for size in sorted(base):
+        # 8 B: the times; above, the busbw.
+        oop, ip = TIMES if size == 8 else (BUSBW_OOP, BUSBW_IP)
+        b, f, n = base[size], off[size], on[size]
+
+        def cell(r):
+            return f"{r[oop]:.2f} / {r[ip]:.2f}"
+
+        # Speed relative to no tracing code (above 1: faster): bandwidths
+        # divide one way, the 8-byte times the other.
+        def ratio(r):
+            return ((r[oop] + r[ip]) / (b[oop] + b[ip])) ** (-1 if size == 8 else 1)
+
+        print(f"{size:>10} {cell(b):>20} {cell(f):>20} {cell(n):>20} {ratio(f):>9.3f} {ratio(n):>9.3f}")
+    return 0
+
+
+# --- scripts/bench-ddp.sh ---------------------------------------------------
+
+def ddp_report(runs_file):
+    """Per backend, in the order they first ran, the median of its runs'
+    median step times, printed as the run printed it (of an even count, the
+    lower of the middle two)."""
+    times = {}
+    for line in open(runs_file):
+        match = re.match(r"run \d+: (\S+) (\S+)$", line.strip())
+        if match:
+            times.setdefault(match.group(1), []).append(match.group(2))
+    for backend, values in times.items():
+        print(f"median: {backend} {sorted(values, key=float)[(len(values) - 1) // 2]} ms")
+    return 0
+
+
+# --- The command line -------------------------------------------------------
+
+def parser():
+    summary, _usage, layout = __doc__.split("\n\n", 2)
+    top = argparse.ArgumentParser(description=summary, epilog=layout,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--self-test", action="store_true", help="run the fixture tests (tests/fixtures/bench)")
+    sub = top.add_subparsers(dest="command")
+
+    mpi = sub.add_parser("mpi", help="scripts/bench-vs-mpi.sh's report; exit 3 when behind MPI")
+    mpi.add_argument("work")
+    mpi.add_argument("--repeat", type=int, default=5, help="busbw runs per size and side (REPEAT)")
+    mpi.add_argument("--latency-repeat", type=int, help="8-byte runs per side (LATENCY_REPEAT; default 3 * repeat)")
+    mpi.add_argument("--steal-retries", type=int, default=3, help="remakes the script allowed a run (STEAL_RETRIES)")
+    mpi.add_argument("--baseline", action="store_true", help="baseline-* runs are there (BASELINE=)")
+    mpi.add_argument("--relay", action="store_true", help="relay-* runs are there (RELAY=1)")
+    mpi.set_defaults(run=lambda a: mpi_report(a.work, a.repeat, a.latency_repeat or 3 * a.repeat,
+                                              a.steal_retries, a.baseline, a.relay))
+
+    timed = sub.add_parser("timed-ms", help="ms a run's timed calls took (pcieipc's JSON report or MPI's lines)")
+    timed.add_argument("file")
+    timed.add_argument("calls", type=int)
+    timed.set_defaults(run=lambda a: print(timed_ms(a.file, a.calls)) or 0)
+
+    nccl = sub.add_parser("nccl", help="scripts/bench-vs-nccl.sh's table")
+    nccl.add_argument("work")
+    nccl.add_argument("--ngpus", type=int, required=True)
+    nccl.add_argument("--repeat", type=int, default=3)
+    nccl.add_argument("--baseline", action="store_true", help="baseline-RUN.json are there (BASELINE=)")
+    nccl.set_defaults(run=lambda a: nccl_report(a.work, a.repeat, a.ngpus, a.baseline))
+
+    trace = sub.add_parser("trace-overhead", help="scripts/bench-trace-overhead.sh's table")
+    trace.add_argument("work")
+    trace.add_argument("--repeat", type=int, default=5)
+    trace.set_defaults(run=lambda a: trace_overhead_report(a.work, a.repeat))
+
+    ddp = sub.add_parser("ddp", help="scripts/bench-ddp.sh's medians")
+    ddp.add_argument("runs", help='the script\'s "run N: BACKEND MS" lines')
+    ddp.set_defaults(run=lambda a: ddp_report(a.runs))
+    return top
+
+
+def main(argv=None):
+    top = parser()
+    args = top.parse_args(argv)
+    if args.self_test:
+        return self_test()
+    if args.command is None:
+        top.error("a subcommand or --self-test is needed")
+    try:
+        return args.run(args)
+    except Broken as error:
+        print(error, file=sys.stderr)
+        return 1
+
+
+# --- --self-test: tests/fixtures/bench --------------------------------------
+
+def self_test():
+    """Each fixture directory through its subcommand, on a copy (mpi writes
+    `behind`): the values in the output, the exit status, and the whole
+    output against expected*.txt, which the scripts' inline Python printed
+    for the same fixtures before it moved here (tests/fixtures/bench/README.md)."""
+    failures = []
+
+    def expect(label, got, wanted):
+        if got != wanted:
+            failures.append(f"{label}: got {got!r}, expected {wanted!r}")
+
+    def run(fixture, command, *options):
+        with tempfile.TemporaryDirectory() as temp:
+            work = os.path.join(temp, fixture)
+            shutil.copytree(os.path.join(FIXTURES, fixture), work)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = main([command, work, *options])
+            behind = os.path.join(work, "behind")
+            behind = open(behind).read() if os.path.exists(behind) else None
+        # Without jsonschema the mpi report says so first; the rest is the same.
+        lines = [line for line in out.getvalue().splitlines() if not line.startswith("# bench JSON not validated")]
+        return status, lines, err.getvalue(), behind
+
+    def has(label, lines, line):
+        if line not in lines:
+            failures.append(f"{label}: no line {line!r} in:\n" + "\n".join(lines))
+
+    def same_as(label, lines, fixture, expected):
+        wanted = open(os.path.join(FIXTURES, fixture, expected)).read().splitlines()
+        if lines != wanted:
+            failures.append(f"{label}: differs from {fixture}/{expected}:\n" + "\n".join(lines))
+
+    # OpenMPI, pcieipc ahead (hand-made, REPEAT=3): medians and bests of three,
+    # the set-aside run unread, exit 0.
+    status, lines, err, behind = run("mpi-ahead", "mpi", "--repeat", "3", "--latency-repeat", "3")
+    expect("mpi-ahead: exit status", (status, err, behind), (0, "", None))
+    has("mpi-ahead: 8 B medians (bests)", lines, "         8 B    0.30 (0.25)     0.36 (0.35)     0.28 (0.27)     0.33 (0.31)")
+    has("mpi-ahead: busbw medians 6/4 and 9/6, bests 7/5 and 10/6, host 6.0 (5.0-7.0)", lines,
+        "       65536          6.00      4.00   1.50         9.00      6.00   1.50   |           1.40      1.67 | 6.0 (5.0-7.0)")
+    has("mpi-ahead: lowest ratio", lines, "# lowest ratio: 1.50 of medians, 1.40 of bests")
+    has("mpi-ahead: low tail", lines,
+        "# pcieipc's runs below MPI's median busbw: at most 1 of 3 at one size (65536 B out of place)")
+    has("mpi-ahead: steal", lines, "#    pcieipc     6 kept    1 remade    0 over      12 ms")
+    same_as("mpi-ahead", lines, "mpi-ahead", "expected.txt")
+    # The gate on latency alone: MPI's medians measured as if they were
+    # pcieipc's are behind pcieipc's, in and out of place.
+    work = os.path.join(FIXTURES, "mpi-ahead")
+    mpi8 = by_size(mpi_output(file) for file in run_files(work, "mpi-8", 3, "txt"))
+    ours8 = by_size(pcieipc_output(file).rows for file in run_files(work, "pcieipc-8", 3, "json"))
+    expect("mpi-ahead: latency gate, MPI taken as pcieipc", latency_behind(mpi8, ours8),
+           ["8 B out of place: 0.36 us against 0.30", "8 B in place: 0.33 us against 0.28"])
+    expect("mpi-ahead: latency gate", latency_behind(ours8, mpi8), [])
+    # timed-ms: 1000 calls of (18.72 + 7.28) us (3.5 and 9 GB/s at 64 KiB),
+    # and of MPI's (16.38 + 10.92) us.
+    expect("timed-ms of a JSON report", timed_ms(os.path.join(work, "pcieipc-1.65536.json"), 1000), 26)
+    expect("timed-ms of MPI's lines", timed_ms(os.path.join(work, "mpi-1.65536.txt"), 1000), 27)
+
+    # OpenMPI, a real run with BASELINE and RELAY=1 (REPEAT=2): medians of two,
+    # behind at 131072 B: exit 3 and the reason in `behind`.
+    status, lines, err, behind = run("mpi-behind", "mpi", "--repeat", "2", "--latency-repeat", "2",
+                                     "--baseline", "--relay")
+    expect("mpi-behind: exit status when behind", (status, err, behind), (BEHIND, "", "busbw: lowest median ratio 0.41"))
+    has("mpi-behind: a median of two is their mean", lines,
+        "      131072          2.01      4.94   0.41         9.01      4.81   1.87   |           0.59      1.81 | 6.0 (6.0-6.0)")
+    has("mpi-behind: FAILED", lines, "# FAILED: pcieipc's median is behind MPI's: busbw: lowest median ratio 0.41")
+    same_as("mpi-behind", lines, "mpi-behind", "expected.txt")
+
+    # NCCL (hand-made, 2 GPUs, REPEAT=3): bests, busbw from the time; behind
+    # NCCL at 2 MiB and the baseline's run faster: no gate, exit 0.
+    status, lines, err, _ = run("nccl", "nccl", "--repeat", "3", "--ngpus", "2")
+    expect("nccl: exit status", (status, err), (0, ""))
+    has("nccl: bests 40/50 us at 2 MiB, NCCL 35", lines,
+        "     2097152       52.43      40.0       41.94      50.0       59.92      35.0")
+    same_as("nccl", lines, "nccl", "expected.txt")
+    status, lines, err, _ = run("nccl", "nccl", "--repeat", "3", "--ngpus", "2", "--baseline")
+    expect("nccl --baseline: exit status", (status, err), (0, ""))
+    has("nccl --baseline: ratio = baseline's best time / pcieipc's", lines,
+        "           8        0.00      30.0         0.00      24.0   0.80        0.00      32.0        0.00      32.0   1.00"
+        "        0.00      40.0")
+    has("nccl --baseline: lowest ratio", lines, "# lowest ratio pcieipc / baseline: 0.80 (of bests)")
+    same_as("nccl --baseline", lines, "nccl", "expected-baseline.txt")
+    status, lines, err, _ = run("wrong", "nccl", "--repeat", "1", "--ngpus", "2")
+    expect("wrong: a pcieipc run that found wrong values", (status, err), (1, "pcieipc bench reported 4 wrong values\n"))
+    try:
+        nccl_output(os.path.join(FIXTURES, "wrong", "nccl-1.jsonl"))
+        failures.append("wrong: NCCL's wrong values were taken")
+    except Broken as error:
+        expect("wrong: NCCL's wrong values", str(error), "NCCL all_reduce gave 3 wrong values")
+
+    # Tracing (hand-made text tables, REPEAT=3): medians of three, 8 B by time.
+    status, lines, err, _ = run("trace-overhead", "trace-overhead", "--repeat", "3")
+    expect("trace-overhead: exit status", (status, err), (0, ""))
+    has("trace-overhead: 8 B, times 0.40/0.30, 0.40/0.40, 0.80/0.60", lines,
+        "         8          0.40 / 0.30          0.40 / 0.40          0.80 / 0.60     0.875     0.500")
+    has("trace-overhead: 8 MiB, busbw 8/9, 7/9, 8.5/8.5", lines,
+        "   8388608          8.00 / 9.00          7.00 / 9.00          8.50 / 8.50     0.941     1.000")
+    same_as("trace-overhead", lines, "trace-overhead", "expected.txt")
+
+    # DDP (hand-made, REPEAT=4): the lower of the middle two, as printed.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["ddp", os.path.join(FIXTURES, "ddp", "runs.txt")])
+    expect("ddp", (status, out.getvalue().splitlines()),
+           (0, ["median: gloo 3.300 ms", "median: pcieipc 1.320 ms", "median: pcieipc-hook 0.960 ms"]))
+
+    for failure in failures:
+        print(f"bench_compare self-test: {failure}", file=sys.stderr)
+    if failures:
+        return 1
+    print("bench_compare self-test: OpenMPI (ahead, and behind: exit 3), NCCL (with and without a baseline, "
+          "wrong values), tracing overhead and DDP fixtures give their medians, bests, ratios and exit status")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
