@@ -1,6 +1,6 @@
 //! The fault monitor: one rank's view of the devices its job depends on.
-//! It reads what the transport's device link reported (or the device the
-//! rank follows through the kernel's tracepoints) and takes the action the
+//! It reads what its `LinkMonitor` reported (the transport's device, or the
+//! device the rank follows through the kernel's tracepoints) and takes the action the
 //! AER matrix gives each fault (`fault_policy`): nothing more than the
 //! link's smaller chunk for a correctable error, a wait for the kernel's
 //! recovery for a non-fatal one (and the opt-in retrain of a link left
@@ -14,7 +14,7 @@ use super::chunk::LinkFacts;
 use super::error::EngineError;
 use super::failure::Failure;
 use super::fault_policy::{self, Fault, FaultAction, FaultBits, FaultRecord, Loss, Recovery};
-use super::followed_device::FollowedDevice;
+use super::link_monitor::LinkMonitor;
 use super::transport::Transport;
 use crate::probe::bdf::Bdf;
 use crate::trace::{monotonic_ns, Arg, Recorder};
@@ -28,15 +28,6 @@ const POLL_PERIOD: Duration = Duration::from_millis(1);
 /// the rank meanwhile, well within their `peer_timeout`.
 pub(crate) const RECOVERY_WAIT: Duration = Duration::from_secs(10);
 
-/// Who reported a fault, and so who sees the end of its recovery.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reporter {
-    /// The transport's own device (the module's events).
-    Transport,
-    /// The device followed through the kernel's tracepoints.
-    Followed,
-}
-
 /// Where in the rank's calls a poll happens, for the records it keeps.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CallPosition {
@@ -47,9 +38,11 @@ pub(crate) struct CallPosition {
 
 pub(crate) struct FaultMonitor {
     rank: usize,
-    /// The device this rank's data crosses where the transport follows none
-    /// (`CommOptions::link_device`).
-    followed: Option<FollowedDevice>,
+    /// The link this rank's data crosses: the transport's own device's, or
+    /// a device followed through the kernel's tracepoints where the
+    /// transport follows none (`CommOptions::link_device`); `None`: no
+    /// device is followed.
+    link: Option<Box<dyn LinkMonitor>>,
     /// Whether a link the kernel recovered but left degraded is retrained
     /// (`CommOptions::retrain_degraded`).
     retrain_degraded: bool,
@@ -61,12 +54,12 @@ pub(crate) struct FaultMonitor {
 impl FaultMonitor {
     pub(crate) fn new(
         rank: usize,
-        followed: Option<FollowedDevice>,
+        link: Option<Box<dyn LinkMonitor>>,
         retrain_degraded: bool,
     ) -> FaultMonitor {
         FaultMonitor {
             rank,
-            followed,
+            link,
             retrain_degraded,
             polled: Instant::now(),
             faults: Vec::new(),
@@ -78,6 +71,11 @@ impl FaultMonitor {
         &self.faults
     }
 
+    /// The followed link's facts as they stand, where one is followed.
+    pub(crate) fn link_facts(&self) -> Option<LinkFacts> {
+        self.link.as_ref()?.facts()
+    }
+
     /// Whether a poll is due: at most one every `POLL_PERIOD`.
     pub(crate) fn due(&self) -> bool {
         self.polled.elapsed() >= POLL_PERIOD
@@ -86,24 +84,33 @@ impl FaultMonitor {
     /// Reads what happened since the last poll (never blocking, except to
     /// wait for a recovery a fault calls for), publishes the link's changed
     /// facts through `transport` as it learns them, and acts on each fault.
-    /// Returns the link's facts as last published, if they changed; a fault
-    /// that fails the job is recorded in `transport`'s abort record and
-    /// returned. A rank that follows nothing returns at once.
+    /// A fault that fails the job is recorded in `transport`'s abort record
+    /// and returned. A rank that follows nothing returns at once.
     pub(crate) fn poll(
         &mut self,
-        transport: &mut dyn Transport,
+        transport: &Transport,
         at: CallPosition,
         trace: Option<&Recorder>,
-    ) -> Result<Option<LinkFacts>, EngineError> {
-        if !(transport.capabilities().link_events || self.followed.is_some()) {
-            return Ok(None);
-        }
-        self.polled = Instant::now();
-        let (poll, reporter) = match self.followed.as_mut() {
-            Some(followed) => (followed.poll(), Reporter::Followed),
-            None => (transport.poll_link(), Reporter::Transport),
+    ) -> Result<(), EngineError> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
         };
-        let mut published = None;
+        self.polled = Instant::now();
+        let mut poll = link.poll();
+        // Another rank's device lost: that rank fails, but what it records
+        // goes with its device's memory, so every rank that sees the loss
+        // names it.
+        for mut fault in std::mem::take(&mut poll.lost_elsewhere) {
+            let bdf = fault
+                .bdf
+                .parse::<Bdf>()
+                .ok()
+                .and_then(|bdf| bdf.to_abi().ok());
+            fault.peer = bdf.and_then(|bdf| transport.rank_of_device(bdf));
+            if fault.peer.is_some_and(|peer| peer != self.rank) {
+                poll.faults.push(fault);
+            }
+        }
         if let Some(link) = poll.facts {
             if let Some(trace) = trace {
                 trace.instant(
@@ -114,26 +121,23 @@ impl FaultMonitor {
                 );
             }
             transport.publish_link(Some(link));
-            published = Some(link);
         }
         // After the facts the poll read: acting on a fault may change them
         // again (a retrain).
         for fault in poll.faults {
-            if let Some(link) = self.act_on(transport, fault, reporter, at, trace)? {
+            if let Some(link) = self.act_on(transport, fault, at, trace)? {
                 transport.publish_link(Some(link));
-                published = Some(link);
             }
         }
-        Ok(published)
+        Ok(())
     }
 
     /// Takes the action `fault` calls for; returns the link's facts after a
     /// retrain, where one ran.
     fn act_on(
         &mut self,
-        transport: &mut dyn Transport,
+        transport: &Transport,
         fault: Fault,
-        reporter: Reporter,
         at: CallPosition,
         trace: Option<&Recorder>,
     ) -> Result<Option<LinkFacts>, EngineError> {
@@ -146,15 +150,13 @@ impl FaultMonitor {
             // A lost device's recovery is over: nothing to wait for (and a
             // peer's device is the peer's to wait on).
             (_, Some(loss)) => Some(loss.recovery()),
-            (FaultAction::AwaitRecovery | FaultAction::Fail, None) => Some(match reporter {
-                Reporter::Transport => transport.await_recovery(RECOVERY_WAIT),
-                Reporter::Followed => self
-                    .followed
+            (FaultAction::AwaitRecovery | FaultAction::Fail, None) => Some(
+                self.link
                     .as_mut()
-                    .map_or(Recovery::Unfinished { waited_ms: 0 }, |followed| {
-                        followed.await_recovery(RECOVERY_WAIT)
+                    .map_or(Recovery::Unfinished { waited_ms: 0 }, |link| {
+                        link.await_recovery(RECOVERY_WAIT)
                     }),
-            }),
+            ),
         };
         if recovery
             .is_some_and(|recovery| !matches!(recovery, Recovery::Recovered | Recovery::Answering))
@@ -164,10 +166,7 @@ impl FaultMonitor {
         // Through the module's link control: of the transport's own device,
         // or of the followed one where root allowed it (`link_control`).
         let retrained = (action == FaultAction::AwaitRecovery && self.retrain_degraded)
-            .then(|| match reporter {
-                Reporter::Transport => transport.retrain_degraded_link(),
-                Reporter::Followed => self.followed.as_mut()?.retrain_degraded(),
-            })
+            .then(|| self.link.as_mut()?.retrain_degraded())
             .flatten();
         let record = FaultRecord {
             call: at.call,

@@ -19,13 +19,12 @@ use nix::sys::statfs::SYSFS_MAGIC;
 use std::time::{Duration, Instant};
 
 use crate::event_source::{monotonic_now_ns, tracefs::TraceSession, SourceError};
-use crate::events::{Event, EventKind, EventSource, Severity};
+use crate::events::Severity;
 use crate::probe::bdf::Bdf;
-use crate::probe::link::LinkSpeed;
 
 use super::chunk::{LinkFacts, RecentErrors};
 use super::fault_policy::{retrain_if_degraded, Fault, Loss, Recovery};
-use super::transport::LinkPoll;
+use super::link_monitor::{speed_gt_s, tracefs_fact, LinkMonitor, LinkPoll, TracefsFact};
 use crate::device::{Device, DEFAULT_PATH};
 
 /// How often a rank waiting for the end of a recovery reads sysfs.
@@ -65,39 +64,6 @@ pub enum FollowError {
         #[source]
         source: SourceError,
     },
-}
-
-/// What a tracepoint event says about the followed device.
-#[derive(Clone, Debug, PartialEq)]
-enum Fact {
-    /// An error the device or a port on its path reported.
-    Error(Fault),
-    /// The link above the device after a change.
-    Link { speed_gt_s: f32, width: u8 },
-}
-
-/// The fact in `event` for a device whose path from its root port down is
-/// `path` (the device last), if it concerns it.
-fn fact(event: &Event, path: &[String]) -> Option<Fact> {
-    if event.source != EventSource::Tracefs || !path.contains(&event.bdf) {
-        return None;
-    }
-    match event.kind {
-        EventKind::Aer if !event.errors.is_empty() => Some(Fact::Error(Fault::error(
-            event.bdf.clone(),
-            event.errors.clone(),
-        ))),
-        // The link the device hangs from: the one of the port right above it.
-        EventKind::LinkChange if path.len() >= 2 && event.bdf == path[path.len() - 2] => {
-            let after = event.link_after.as_ref()?;
-            let speed = LinkSpeed::from_encoding(after.speed)?;
-            (after.width != 0).then_some(Fact::Link {
-                speed_gt_s: speed.gigatransfers_per_second() as f32,
-                width: after.width,
-            })
-        }
-        _ => None,
-    }
 }
 
 /// The functions from the root port down to `bdf` (itself last), from its
@@ -201,12 +167,18 @@ impl FollowedDevice {
             published: link,
         })
     }
+}
+
+impl LinkMonitor for FollowedDevice {
+    fn facts(&self) -> Option<LinkFacts> {
+        self.published
+    }
 
     /// The events since the last poll (never blocking): the link's facts if
     /// they changed, and the faults. Correctable errors count towards the
     /// smaller chunk; every error is a fault for the matrix to act on, and
     /// so is the device's removal.
-    pub(crate) fn poll(&mut self) -> LinkPoll {
+    fn poll(&mut self) -> LinkPoll {
         // A failed read keeps the last facts: a device in trouble shows in
         // the next read, or in the job's own calls.
         let events = self
@@ -223,9 +195,12 @@ impl FollowedDevice {
             });
         }
         let mut link = self.published;
-        for found in events.iter().filter_map(|event| fact(event, &self.path)) {
+        for found in events
+            .iter()
+            .filter_map(|event| tracefs_fact(event, &self.path))
+        {
             match found {
-                Fact::Error(fault) => {
+                TracefsFact::Error(fault) => {
                     if fault
                         .errors
                         .iter()
@@ -235,7 +210,7 @@ impl FollowedDevice {
                     }
                     faults.push(fault);
                 }
-                Fact::Link { speed_gt_s, width } => {
+                TracefsFact::Link { speed_gt_s, width } => {
                     if let Some(link) = link.as_mut() {
                         link.speed_gt_s = speed_gt_s;
                         link.width = width;
@@ -262,7 +237,7 @@ impl FollowedDevice {
     /// the module's link control (root must have allowed the device: the
     /// module parameter `link_control`), and returns its facts after
     /// (`None` also where the job follows no link facts).
-    pub(crate) fn retrain_degraded(&mut self) -> Option<LinkFacts> {
+    fn retrain_degraded(&mut self) -> Option<LinkFacts> {
         let device = Device::open(DEFAULT_PATH)
             .inspect_err(|error| {
                 eprintln!(
@@ -274,8 +249,8 @@ impl FollowedDevice {
         let after = retrain_if_degraded(&device, self.bdf)?;
         // A job that gave no link facts (host memory's chunks) keeps none.
         let mut facts = self.published?;
-        if let Some(speed) = LinkSpeed::from_encoding(after.speed) {
-            facts.speed_gt_s = speed.gigatransfers_per_second() as f32;
+        if let Some(speed) = speed_gt_s(after.speed) {
+            facts.speed_gt_s = speed;
         }
         facts.width = after.width;
         self.published = Some(facts);
@@ -285,7 +260,7 @@ impl FollowedDevice {
     /// Waits at most `bound` for the device to answer config reads with its
     /// link up (the kernel's recovery of a device bound to another driver
     /// is that driver's to see; this is what is visible to everyone).
-    pub(crate) fn await_recovery(&mut self, bound: Duration) -> Recovery {
+    fn await_recovery(&mut self, bound: Duration) -> Recovery {
         let started = Instant::now();
         loop {
             match answers(&self.dir) {
@@ -305,47 +280,6 @@ impl FollowedDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event_source::trace_text::{parse_line, to_event};
-
-    /// The event the kernel's trace line becomes.
-    fn traced(line: &str) -> Event {
-        let record = parse_line(line).expect("parses").expect("a record");
-        to_event(&record, 0, 0)
-    }
-
-    const PATH: [&str; 2] = ["0000:00:02.0", "0000:01:00.0"];
-
-    #[test]
-    fn errors_on_the_path_are_faults_and_others_are_not() {
-        let path = PATH.map(str::to_owned).to_vec();
-        let port = traced("irq/25-aerdrv-34 [001] ..... 4.917689: aer_event: 0000:00:02.0 PCIe Bus Error: severity=Corrected, Bad TLP, TLP Header=Not available");
-        let device = traced("irq/25-aerdrv-34 [001] ..... 4.917689: aer_event: 0000:01:00.0 PCIe Bus Error: severity=Uncorrected, non-fatal, Completion Timeout, TLP Header=Not available");
-        let elsewhere = traced("irq/25-aerdrv-34 [001] ..... 4.917689: aer_event: 0000:00:03.0 PCIe Bus Error: severity=Fatal, Surprise Down Error, TLP Header=Not available");
-        match fact(&port, &path) {
-            Some(Fact::Error(fault)) => {
-                assert_eq!(fault.bdf, PATH[0]);
-                assert_eq!(fault.errors[0].severity, Severity::Correctable);
-            }
-            other => panic!("the port's correctable error: {other:?}"),
-        }
-        match fact(&device, &path) {
-            Some(Fact::Error(fault)) => {
-                assert_eq!(fault.bdf, PATH[1]);
-                assert_eq!(fault.errors[0].severity, Severity::NonFatal);
-            }
-            other => panic!("the device's non-fatal error: {other:?}"),
-        }
-        assert_eq!(fact(&elsewhere, &path), None);
-        let module = Event {
-            source: EventSource::Module,
-            ..device
-        };
-        assert_eq!(
-            fact(&module, &path),
-            None,
-            "the module's own events are its transport's"
-        );
-    }
 
     #[test]
     fn a_removed_function_is_noticed_and_a_present_one_is_not() {

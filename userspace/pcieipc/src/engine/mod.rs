@@ -10,9 +10,10 @@
 //! - `collectives`: the host algorithms, steps from `schedule`.
 //! - `cache_bypass`: when and how the ring's slot fills skip the cache.
 //! - `slot_fill`: below that, plain or non-temporal fills as calls measure.
-//! - `fault_policy`: the AER → action matrix (pure).
-//! - `transport`: the trait, its capabilities, the registry and the
-//!   transports (shm, pcieipc).
+//! - `fault_policy`: the AER → action matrix (pure); `fault_monitor` acts
+//!   on it for what a `link_monitor` reports.
+//! - `transport`: the shared segment every rank speaks through, its
+//!   plug-in trait, the registry and the transports (shm, pcieipc).
 //! - `cuda`: the GPU backend, steps from `schedule`, control over `comm`.
 
 mod cache_bypass;
@@ -28,6 +29,7 @@ mod failure;
 mod fault_monitor;
 pub mod fault_policy;
 mod followed_device;
+mod link_monitor;
 pub mod schedule;
 mod slot_fill;
 pub mod transport;

@@ -135,7 +135,7 @@ impl Agreement {
 
     /// This rank's decisions for `call`, as its decider: the chunk, and for
     /// the ring's calls the slot fill.
-    pub(crate) fn decide(&mut self, transport: &dyn Transport, call: &mut CallDescriptor) {
+    pub(crate) fn decide(&mut self, transport: &Transport, call: &mut CallDescriptor) {
         let message_bytes = self.message_bytes(call);
         call.chunk_bytes = self.chunk_for(transport, message_bytes, call.dtype.size_bytes());
         if call.kind != CallKind::Broadcast {
@@ -147,7 +147,7 @@ impl Agreement {
     /// link asks for, within what a slot holds, in whole elements.
     pub(crate) fn chunk_for(
         &self,
-        transport: &dyn Transport,
+        transport: &Transport,
         message_bytes: usize,
         element_bytes: usize,
     ) -> u32 {
@@ -180,7 +180,7 @@ impl Agreement {
     /// number).
     pub(crate) fn published_by_rank_zero(
         &self,
-        transport: &dyn Transport,
+        transport: &Transport,
         call: &CallDescriptor,
     ) -> Published {
         match transport.published_call(0, self.calls) {
@@ -194,7 +194,7 @@ impl Agreement {
     }
 
     /// Publishes `call` as this rank's current one.
-    pub(crate) fn start(&mut self, transport: &dyn Transport, call: CallDescriptor) {
+    pub(crate) fn start(&mut self, transport: &Transport, call: CallDescriptor) {
         transport.publish_call(self.calls, call);
         if self.rank == 0 {
             transport.store(
@@ -231,7 +231,7 @@ impl Agreement {
     }
 
     /// Whether a slot holds a chunk of `chunk_bytes` (a peer's decision).
-    pub(crate) fn chunk_fits(transport: &dyn Transport, chunk_bytes: u32) -> bool {
+    pub(crate) fn chunk_fits(transport: &Transport, chunk_bytes: u32) -> bool {
         let capacity = transport.sizes().slot_bytes - MESSAGE_HEADER_BYTES;
         chunk_bytes != 0 && chunk_bytes as usize <= capacity
     }
@@ -240,7 +240,7 @@ impl Agreement {
     /// from ours: (ours, theirs).
     pub(crate) fn differs_from(
         &self,
-        transport: &dyn Transport,
+        transport: &Transport,
         peer: usize,
     ) -> Option<(CallDescriptor, CallDescriptor)> {
         let call = self.current?;

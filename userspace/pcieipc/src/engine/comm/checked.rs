@@ -158,7 +158,7 @@ impl CheckedCopies {
         let mut reads = 0;
         loop {
             reads += 1;
-            let check_word = stamp_check_word(&*peers.transport, peer, window);
+            let check_word = stamp_check_word(&peers.transport, peer, window);
             if check_word & STAMP_CHECKSUMMED == 0 {
                 return Err(peers.blame(Failure::PeerCorrupt {
                     rank: peers.rank,
@@ -224,7 +224,7 @@ impl CheckedCopies {
         message: u32,
     ) -> Result<(), EngineError> {
         let predecessor = peers.predecessor();
-        let transport = &*peers.transport;
+        let transport = &peers.transport;
         transport.store(predecessor, Signal::ResendWanted, stream.request(message));
         self.requested = self.requested.wrapping_add(1);
         transport.store(predecessor, Signal::ResendRequests, self.requested);

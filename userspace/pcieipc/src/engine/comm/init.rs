@@ -20,6 +20,7 @@ use crate::engine::collectives::RingSettings;
 use crate::engine::error::EngineError;
 use crate::engine::fault_monitor::FaultMonitor;
 use crate::engine::followed_device::FollowedDevice;
+use crate::engine::link_monitor::{tracefs_root, LinkMonitor};
 use crate::engine::slot_fill::FillChooser;
 use crate::engine::transport::{Setup, WindowSizes};
 use crate::trace::{Recorder, TRACE_ENV};
@@ -81,20 +82,22 @@ impl Communicator {
         if trace_file.is_some() {
             transport.log_wakes();
         }
-        let link = transport.device_link().or(options.link);
-        // A device the transport does not follow, followed through the
+        // The link this rank's data crosses: the transport's own device's,
+        // or a device the transport does not follow, followed through the
         // kernel's tracepoints where the job asks for them.
-        let followed = match (
-            &options.link_device,
-            transport.capabilities().link_events,
-            crate::engine::transport::link_tracefs_root(),
-        ) {
-            (Some(device), false, Some(root)) => Some(
-                FollowedDevice::open(device, link, &root)
-                    .map_err(|source| EngineError::FollowDevice { rank, source })?,
-            ),
-            _ => None,
+        let link_monitor: Option<Box<dyn LinkMonitor>> = if transport.capabilities().link_events {
+            transport.take_link_monitor()
+        } else {
+            match (&options.link_device, tracefs_root()) {
+                (Some(device), Some(root)) => Some(Box::new(
+                    FollowedDevice::open(device, options.link, &root)
+                        .map_err(|source| EngineError::FollowDevice { rank, source })?,
+                )),
+                _ => None,
+            }
         };
+        let monitor = FaultMonitor::new(rank, link_monitor, options.retrain_degraded);
+        let link = monitor.link_facts().or(options.link);
         // Rank 0's choice: the windows were sized with it.
         let sizes = transport.sizes();
         let in_flight = sizes.raw_slots - 1;
@@ -121,7 +124,7 @@ impl Communicator {
         let mut peers = Peers::new(
             transport,
             agreement,
-            FaultMonitor::new(rank, followed, options.retrain_degraded),
+            monitor,
             checksums.then(|| Shadows::new(sizes.raw_slots, sizes.relay_slots, options.damage)),
             policy,
             trace_file.map(|file| Recorder::new(rank, file)),

@@ -93,7 +93,7 @@ pub(crate) fn data_of<T>(window: *mut u8) -> NonNull<T> {
 
 /// The chunk-size word of the stamp `peer` wrote on a window it published:
 /// its checksum half.
-pub(crate) fn stamp_check_word(transport: &dyn Transport, peer: usize, window: Window) -> u64 {
+pub(crate) fn stamp_check_word(transport: &Transport, peer: usize, window: Window) -> u64 {
     let start = transport.window(peer, window).cast::<u64>();
     // SAFETY: the peer wrote the stamp before publishing and leaves the
     // window alone until this rank is done with it; the word is the stamp's

@@ -9,7 +9,7 @@
 //!   copies of what they read (`checked`).
 //! - the host algorithms, functions over those two (`collectives`).
 //!
-//! It sees its transport only through the `Transport` trait and its
+//! It names no transport: what one can do reaches it as the `Transport`'s
 //! declared capabilities.
 
 mod agreement;
@@ -74,7 +74,7 @@ impl Communicator {
     /// the segment has none. The engine never reads or writes it; it lives
     /// as long as the communicator.
     pub(crate) fn backend_area(&self, owner: usize) -> Option<(std::ptr::NonNull<u8>, usize)> {
-        let transport = &*self.peers.transport;
+        let transport = &self.peers.transport;
         let bytes = transport.sizes().backend_bytes;
         if bytes == 0 || owner >= self.peers.nranks {
             return None;
@@ -101,7 +101,7 @@ impl Communicator {
 
     /// The name of the transport the ranks meet over.
     pub fn transport_name(&self) -> &'static str {
-        self.peers.transport.name()
+        self.peers.transport.kind().name
     }
 
     /// What the transport can do beyond windows and counters.

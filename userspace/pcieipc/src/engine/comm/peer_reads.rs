@@ -90,7 +90,7 @@ impl Peers {
         output: &mut [T],
     ) -> Result<(), EngineError> {
         let bytes = bytes_of_mut(output);
-        let transport = &*self.transport;
+        let transport = &self.transport;
         let Err(mut error) = transport.read_peer(owner, address, bytes) else {
             return Ok(());
         };

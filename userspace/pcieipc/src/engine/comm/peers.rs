@@ -66,7 +66,7 @@ impl WaitPolicy {
 }
 
 pub(crate) struct Peers {
-    pub(crate) transport: Box<dyn Transport>,
+    pub(crate) transport: Transport,
     pub(crate) rank: usize,
     pub(crate) nranks: usize,
     pub(crate) agreement: Agreement,
@@ -85,7 +85,7 @@ pub(crate) struct Peers {
 
 impl Peers {
     pub(crate) fn new(
-        transport: Box<dyn Transport>,
+        transport: Transport,
         agreement: Agreement,
         monitor: FaultMonitor,
         shadows: Option<Shadows>,
@@ -135,12 +135,12 @@ impl Peers {
         self.follow_faults()?;
         if call.algorithm == Algorithm::Ring {
             if self.rank == Agreement::decider(&call) {
-                self.agreement.decide(&*self.transport, &mut call);
+                self.agreement.decide(&self.transport, &mut call);
             } else if call.kind != CallKind::Broadcast {
                 (call.chunk_bytes, call.bypass_slots) = self.adopt_decision(call)?;
             }
         }
-        self.agreement.start(&*self.transport, call);
+        self.agreement.start(&self.transport, call);
         Ok(call)
     }
 
@@ -156,7 +156,7 @@ impl Peers {
             let call = self.agreement.current();
             // The peers this call woke, at the times the stores woke them.
             for at in self.transport.take_wakes() {
-                trace.instant(self.transport.wake_name(), "wake", at, Vec::new());
+                trace.instant(self.transport.kind().wake_name, "wake", at, Vec::new());
             }
             let mut args = vec![
                 ("call", Arg::Int(self.agreement.calls() as i64)),
@@ -194,7 +194,7 @@ impl Peers {
         self.wait_for(0, 0, Signal::CallsPublished, published)?;
         match self
             .agreement
-            .published_by_rank_zero(&*self.transport, &call)
+            .published_by_rank_zero(&self.transport, &call)
         {
             Published::Decided {
                 chunk_bytes,
@@ -206,7 +206,7 @@ impl Peers {
             Published::Overtaken => {
                 let message_bytes = self.agreement.message_bytes(&call);
                 let chunk_bytes = self.agreement.chunk_for(
-                    &*self.transport,
+                    &self.transport,
                     message_bytes,
                     call.dtype.size_bytes(),
                 );
@@ -232,9 +232,7 @@ impl Peers {
             call: self.agreement.calls(),
             in_call: self.agreement.in_call(),
         };
-        self.monitor
-            .poll(&mut *self.transport, at, self.trace.as_ref())
-            .map(|_| ())
+        self.monitor.poll(&self.transport, at, self.trace.as_ref())
     }
 
     /// Records `failure`, which blames a peer (for what this rank read of
@@ -273,7 +271,7 @@ impl Peers {
         peer: usize,
         chunk_bytes: u32,
     ) -> Result<u32, EngineError> {
-        if Agreement::chunk_fits(&*self.transport, chunk_bytes) {
+        if Agreement::chunk_fits(&self.transport, chunk_bytes) {
             return Ok(chunk_bytes);
         }
         Err(self.blame(Failure::PeerCorrupt {
@@ -309,7 +307,7 @@ impl Peers {
         }
         let started = Instant::now();
         let traced_from = self.trace.as_ref().map(|_| monotonic_ns());
-        let transport = &*self.transport;
+        let transport = &self.transport;
         let outcome = if self.spin_until(started, || reached(transport.load(owner, signal), target))
         {
             Ok(())
@@ -355,7 +353,7 @@ impl Peers {
     /// every step boundary and between the polls of every wait.
     pub(crate) fn serve_resends(&self) {
         if let Some(shadows) = &self.shadows {
-            shadows.serve(&*self.transport, self.rank);
+            shadows.serve(&self.transport, self.rank);
         }
     }
 
@@ -436,10 +434,10 @@ impl Peers {
             if let Err(fault) = self.follow_faults() {
                 break Err(fault);
             }
-            if let Some((call, peer_call)) = self.agreement.differs_from(&*self.transport, peer) {
+            if let Some((call, peer_call)) = self.agreement.differs_from(&self.transport, peer) {
                 break Err(self.mismatch(call, peer, peer_call));
             }
-            let transport = &*self.transport;
+            let transport = &self.transport;
             // A rank that exited after dropping its communicator finished
             // cleanly; one that exited without doing so died mid-job.
             let died = transport
@@ -464,11 +462,11 @@ impl Peers {
                 let rank = self.culprit(peer);
                 break Err(self.blame(Failure::PeerUnresponsive { rank, waited }));
             }
-            let transport = &*self.transport;
+            let transport = &self.transport;
             let slept_from = self.trace.as_ref().map(|_| monotonic_ns());
             transport.sleep(owner, signal, value, LIVENESS_SLICE.min(timeout - waited));
             if let (Some(trace), Some(start)) = (&self.trace, slept_from) {
-                trace.span(transport.sleep_name(), "sleep", start, Vec::new());
+                trace.span(transport.kind().sleep_name, "sleep", start, Vec::new());
             }
         };
         self.transport.set_blocked_on(None);

@@ -159,7 +159,7 @@ impl Shadows {
 
     /// Writes again the messages the successor asked for since the last
     /// call, as `rank` of `transport`.
-    pub(crate) fn serve(&self, transport: &dyn Transport, rank: usize) {
+    pub(crate) fn serve(&self, transport: &Transport, rank: usize) {
         let requests = transport.load(rank, Signal::ResendRequests);
         while self.served.get() != requests {
             let wanted = transport.load(rank, Signal::ResendWanted);

@@ -112,11 +112,7 @@ impl<T> Deref for Incoming<T> {
 /// The last word of `owner`'s one-shot window stamp of `parity`: its low
 /// half is the round the window holds, stored after everything else the
 /// window holds (release).
-fn one_shot_round_word<'a>(
-    transport: &dyn Transport,
-    owner: usize,
-    parity: usize,
-) -> &'a AtomicU64 {
+fn one_shot_round_word<'a>(transport: &Transport, owner: usize, parity: usize) -> &'a AtomicU64 {
     let start = transport
         .window(owner, Window::OneShot { parity })
         .cast::<u64>();
@@ -453,7 +449,7 @@ impl SlotStreams {
         let mut stamp = peers.agreement.stamp();
         debug_assert_eq!(stamp[3], 0, "one-shot and direct calls have no chunk size");
         stamp[3] = check_word | u64::from(round);
-        let transport = &*peers.transport;
+        let transport = &peers.transport;
         let start = transport.window(peers.rank, window).cast::<u64>();
         // SAFETY: the stamp fills the first MESSAGE_HEADER_BYTES of a page
         // aligned window that is ours until we post; its last word is
@@ -483,7 +479,7 @@ impl SlotStreams {
             // Traced, the wait is recorded as every other is.
             return peers.wait_for(owner, owner, Signal::OneShotPosted, round);
         }
-        let word = one_shot_round_word(&*peers.transport, owner, parity);
+        let word = one_shot_round_word(&peers.transport, owner, parity);
         peers.wait_until(owner, owner, Signal::OneShotPosted, round, || {
             word.load(Ordering::Acquire) as u32 == round
         })

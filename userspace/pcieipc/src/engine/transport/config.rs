@@ -5,8 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::contract::{Capabilities, Transport, WindowSizes};
+use super::contract::{Capabilities, WindowSizes};
 use super::rendezvous::JobSecret;
+use super::segment::Transport;
 use crate::engine::error::EngineError;
 
 /// What a transport is given to set itself up on one rank.
@@ -33,7 +34,7 @@ pub trait TransportConfig: fmt::Debug + Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// Joins the job described by `setup`. Returns once every rank has
     /// joined and the shared state is usable.
-    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Transport>, EngineError>;
+    fn open(&self, setup: &Setup<'_>) -> Result<Transport, EngineError>;
 }
 
 /// The transport a communicator uses, with that transport's options
@@ -54,7 +55,7 @@ impl TransportOptions {
         self.0.capabilities()
     }
 
-    pub(crate) fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Transport>, EngineError> {
+    pub(crate) fn open(&self, setup: &Setup<'_>) -> Result<Transport, EngineError> {
         self.0.open(setup)
     }
 }

@@ -16,26 +16,24 @@
 //! sees them) and the kernel's own updates of that port's link. Opt-in: it
 //! needs root, and a rank that is killed leaves its instance behind.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::device::{BoundDevice, Device, DeviceError, DEFAULT_PATH};
-use crate::event_source::{monotonic_now_ns, tracefs::TraceSession, DEFAULT_TRACEFS_ROOT};
-use crate::events::{Event, EventKind, EventSource, Severity};
+use crate::event_source::{monotonic_now_ns, tracefs::TraceSession};
+use crate::events::{Event, EventKind, Severity};
 use crate::probe::bdf::Bdf;
-use crate::probe::link::LinkSpeed;
 
 use super::PcieipcError;
 use crate::engine::chunk::{LinkFacts, RecentErrors};
 use crate::engine::fault_policy::{retrain_if_degraded, Fault, Loss, Recovery};
-use crate::engine::transport::LinkPoll;
+use crate::engine::link_monitor::{
+    speed_gt_s, tracefs_fact, tracefs_root, LinkMonitor, LinkPoll, TracefsFact, TRACEFS_ENV,
+};
 
 /// How often the module's watch reads the link's status.
 const WATCH_PERIOD: Duration = Duration::from_millis(100);
 /// Events read per `read()`: the module's ring holds 256.
 const EVENTS_PER_READ: usize = 64;
-/// Opts a rank into following the kernel's tracepoints: a tracefs root, or 1.
-pub const TRACEFS_ENV: &str = "PCIEIPC_LINK_TRACEFS";
 /// How often a rank waiting for the end of a recovery reads the events.
 const RECOVERY_POLL: Duration = Duration::from_millis(1);
 
@@ -49,41 +47,26 @@ fn reports_new_error(event: &Event) -> bool {
         )
 }
 
-/// What a tracefs event says about the link above a rank's device whose
-/// upstream port is `port`: a new error (a correctable one the port reported:
-/// uncorrectable ones reach the module's error handlers, which already count
-/// them), or the port's link after a change the kernel made. Events of other
-/// devices, and the module's own, say nothing here.
-fn tracefs_fact(event: &Event, port: &str) -> Option<TracefsFact> {
-    if event.source != EventSource::Tracefs || event.bdf != port {
-        return None;
-    }
-    match event.kind {
-        EventKind::Aer
-            if !event.errors.is_empty()
-                && event
+/// What a tracefs event says about the link above a rank's device, on
+/// `path` (its upstream port, then the device): a new error of the port (a
+/// correctable one: uncorrectable ones reach the module's error handlers,
+/// which already count them), or the port's link after a change the kernel
+/// made. Events of other devices, the device's own errors (the module's to
+/// report) and the module's events say nothing here.
+fn port_fact(event: &Event, path: &[String; 2]) -> Option<TracefsFact> {
+    match tracefs_fact(event, path)? {
+        TracefsFact::Error(fault)
+            if fault.bdf == path[0]
+                && fault
                     .errors
                     .iter()
                     .all(|e| e.severity == Severity::Correctable) =>
         {
-            Some(TracefsFact::NewError)
+            Some(TracefsFact::Error(fault))
         }
-        EventKind::LinkChange => {
-            let after = event.link_after.as_ref()?;
-            let speed = LinkSpeed::from_encoding(after.speed)?;
-            (after.width != 0).then_some(TracefsFact::Link {
-                speed_gt_s: speed.gigatransfers_per_second() as f32,
-                width: after.width,
-            })
-        }
-        _ => None,
+        TracefsFact::Error(_) => None,
+        link @ TracefsFact::Link { .. } => Some(link),
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum TracefsFact {
-    NewError,
-    Link { speed_gt_s: f32, width: u8 },
 }
 
 /// Where a module event for the device leaves the kernel's recovery: `None`
@@ -104,20 +87,6 @@ fn recovery_after(event: &Event, before: Option<Recovery>) -> Option<Recovery> {
         EventKind::Aer if event.aer_step == Some("resume") => Some(Recovery::Recovered),
         _ => before,
     }
-}
-
-/// The tracefs root `PCIEIPC_LINK_TRACEFS` names, if set (1: the default
-/// root).
-pub(crate) fn tracefs_root() -> Option<PathBuf> {
-    let value = std::env::var_os(TRACEFS_ENV)?;
-    if value.is_empty() || value == "0" {
-        return None;
-    }
-    Some(if value == "1" {
-        PathBuf::from(DEFAULT_TRACEFS_ROOT)
-    } else {
-        PathBuf::from(value)
-    })
 }
 
 /// One rank's device link and its recent AER errors.
@@ -142,9 +111,9 @@ pub(crate) struct LinkEvents {
     recovery: Option<Recovery>,
     /// What `poll` last returned.
     published: Option<LinkFacts>,
-    /// The port above the device and the kernel's tracepoints, where the
-    /// job opted in (`PCIEIPC_LINK_TRACEFS`).
-    trace: Option<(String, TraceSession)>,
+    /// The port above the device and the device, and the kernel's
+    /// tracepoints, where the job opted in (`PCIEIPC_LINK_TRACEFS`).
+    trace: Option<([String; 2], TraceSession)>,
 }
 
 impl LinkEvents {
@@ -166,8 +135,7 @@ impl LinkEvents {
         let link = match abi_bdf {
             Some(abi_bdf) => {
                 let status = device.link_status(abi_bdf)?;
-                LinkSpeed::from_encoding(status.speed)
-                    .map(|speed| (speed.gigatransfers_per_second() as f32, status.width))
+                speed_gt_s(status.speed).map(|speed| (speed, status.width))
             }
             None => None,
         };
@@ -195,7 +163,7 @@ impl LinkEvents {
                         env: TRACEFS_ENV,
                         source,
                     })?;
-                Some((port.clone(), session))
+                Some(([port.clone(), mine.bdf.clone()], session))
             }
             _ => None,
         };
@@ -211,92 +179,6 @@ impl LinkEvents {
             published,
             trace,
         })
-    }
-
-    /// The link as it stands now, where there is one.
-    pub(super) fn facts(&self) -> Option<LinkFacts> {
-        self.published
-    }
-
-    /// Reads the events that arrived since the last poll (never blocking) and
-    /// returns the link's facts if they changed, the faults, and the other
-    /// devices the module reported lost. A failed read keeps the last facts:
-    /// a device in trouble fails the transport's own calls.
-    pub(super) fn poll(&mut self) -> LinkPoll {
-        self.read_module_events();
-        if let Some((port, session)) = self.trace.as_mut() {
-            // A failed read keeps the last facts, as for the module.
-            let events = session
-                .read_available(monotonic_now_ns())
-                .map(|batch| batch.events)
-                .unwrap_or_default();
-            let facts: Vec<(TracefsFact, &Event)> = events
-                .iter()
-                .filter_map(|e| Some((tracefs_fact(e, port)?, e)))
-                .collect();
-            for (fact, event) in facts {
-                match fact {
-                    TracefsFact::NewError => {
-                        self.aer_errors.record();
-                        self.faults
-                            .push(Fault::error(event.bdf.clone(), event.errors.clone()));
-                    }
-                    TracefsFact::Link { speed_gt_s, width } => {
-                        self.link = Some((speed_gt_s, width));
-                    }
-                }
-            }
-        }
-        let facts = self.link.map(|(speed_gt_s, width)| LinkFacts {
-            speed_gt_s,
-            width,
-            recent_aer_errors: self.aer_errors.count(),
-            over_nvlink: false,
-        });
-        let changed = (facts != self.published).then(|| {
-            self.published = facts;
-            facts
-        });
-        LinkPoll {
-            facts: changed.flatten(),
-            faults: std::mem::take(&mut self.faults),
-            lost_elsewhere: std::mem::take(&mut self.lost_elsewhere),
-        }
-    }
-
-    /// Retrains the link above the device where it reads degraded, and
-    /// returns its facts after (`None`: not degraded). A failed status read
-    /// or retrain leaves the facts as they were, and is said: the job asked
-    /// for the retrain.
-    pub(super) fn retrain_degraded(&mut self) -> Option<LinkFacts> {
-        let bdf = self.bdf.parse::<Bdf>().ok()?;
-        let after = retrain_if_degraded(&self.device, bdf)?;
-        let speed = LinkSpeed::from_encoding(after.speed)
-            .map(|speed| speed.gigatransfers_per_second() as f32);
-        let (speed_gt_s, _) = self.link?;
-        self.link = Some((speed.unwrap_or(speed_gt_s), after.width));
-        let published = self.published.as_mut()?;
-        published.speed_gt_s = speed.unwrap_or(speed_gt_s);
-        published.width = after.width;
-        Some(*published)
-    }
-
-    /// Waits at most `bound` for the kernel's recovery of the device to end,
-    /// reading the module's events as they come.
-    pub(super) fn await_recovery(&mut self, bound: Duration) -> Recovery {
-        let started = Instant::now();
-        loop {
-            if let Some(recovery) = self.recovery {
-                return recovery;
-            }
-            if started.elapsed() >= bound {
-                return Recovery::Unfinished {
-                    waited_ms: started.elapsed().as_millis() as u32,
-                };
-            }
-            std::thread::sleep(RECOVERY_POLL);
-            self.read_module_events();
-        }
     }
 
     /// Applies the module's events that arrived since the last read: all
@@ -333,12 +215,92 @@ impl LinkEvents {
         self.recovery = recovery_after(event, self.recovery);
         if event.kind == EventKind::LinkChange {
             if let Some(after) = &event.link_after {
-                let speed = LinkSpeed::from_encoding(after.speed)
-                    .map(|speed| speed.gigatransfers_per_second() as f32);
-                if let (Some(speed), Some(link)) = (speed, self.link.as_mut()) {
+                if let (Some(speed), Some(link)) = (speed_gt_s(after.speed), self.link.as_mut()) {
                     *link = (speed, after.width);
                 }
             }
+        }
+    }
+}
+
+impl LinkMonitor for LinkEvents {
+    /// The link as it stands now, where there is one.
+    fn facts(&self) -> Option<LinkFacts> {
+        self.published
+    }
+
+    /// Reads the events that arrived since the last poll (never blocking) and
+    /// returns the link's facts if they changed, the faults, and the other
+    /// devices the module reported lost. A failed read keeps the last facts:
+    /// a device in trouble fails the transport's own calls.
+    fn poll(&mut self) -> LinkPoll {
+        self.read_module_events();
+        if let Some((path, session)) = self.trace.as_mut() {
+            // A failed read keeps the last facts, as for the module.
+            let events = session
+                .read_available(monotonic_now_ns())
+                .map(|batch| batch.events)
+                .unwrap_or_default();
+            for fact in events.iter().filter_map(|e| port_fact(e, path)) {
+                match fact {
+                    TracefsFact::Error(fault) => {
+                        self.aer_errors.record();
+                        self.faults.push(fault);
+                    }
+                    TracefsFact::Link { speed_gt_s, width } => {
+                        self.link = Some((speed_gt_s, width));
+                    }
+                }
+            }
+        }
+        let facts = self.link.map(|(speed_gt_s, width)| LinkFacts {
+            speed_gt_s,
+            width,
+            recent_aer_errors: self.aer_errors.count(),
+            over_nvlink: false,
+        });
+        let changed = (facts != self.published).then(|| {
+            self.published = facts;
+            facts
+        });
+        LinkPoll {
+            facts: changed.flatten(),
+            faults: std::mem::take(&mut self.faults),
+            lost_elsewhere: std::mem::take(&mut self.lost_elsewhere),
+        }
+    }
+
+    /// Retrains the link above the device where it reads degraded, and
+    /// returns its facts after (`None`: not degraded). A failed status read
+    /// or retrain leaves the facts as they were, and is said: the job asked
+    /// for the retrain.
+    fn retrain_degraded(&mut self) -> Option<LinkFacts> {
+        let bdf = self.bdf.parse::<Bdf>().ok()?;
+        let after = retrain_if_degraded(&self.device, bdf)?;
+        let speed = speed_gt_s(after.speed);
+        let (speed_gt_s, _) = self.link?;
+        self.link = Some((speed.unwrap_or(speed_gt_s), after.width));
+        let published = self.published.as_mut()?;
+        published.speed_gt_s = speed.unwrap_or(speed_gt_s);
+        published.width = after.width;
+        Some(*published)
+    }
+
+    /// Waits at most `bound` for the kernel's recovery of the device to end,
+    /// reading the module's events as they come.
+    fn await_recovery(&mut self, bound: Duration) -> Recovery {
+        let started = Instant::now();
+        loop {
+            if let Some(recovery) = self.recovery {
+                return recovery;
+            }
+            if started.elapsed() >= bound {
+                return Recovery::Unfinished {
+                    waited_ms: started.elapsed().as_millis() as u32,
+                };
+            }
+            std::thread::sleep(RECOVERY_POLL);
+            self.read_module_events();
         }
     }
 }
@@ -388,12 +350,18 @@ impl Drop for LinkEvents {
 mod tests {
     use super::*;
     use crate::event_source::trace_text::{parse_line, to_event};
+    use crate::events::EventSource;
 
     fn traced(line: &str) -> Event {
         to_event(&parse_line(line).unwrap().unwrap(), 0, 0)
     }
 
     const PORT: &str = "0000:00:11.0";
+    const PATH: [&str; 2] = [PORT, "0000:01:00.0"];
+
+    fn path() -> [String; 2] {
+        PATH.map(str::to_owned)
+    }
     // Lines of the testbed kernel's trace_pipe (see trace_text's tests).
     const CORRECTABLE: &str = "   irq/25-aerdrv-34      [001] .....     4.954258: aer_event: 0000:00:11.0 PCIe Bus Error: severity=Corrected, Bad TLP, TLP Header=Not available";
     const NONFATAL: &str = "   irq/25-aerdrv-34      [001] .....     4.917689: aer_event: 0000:00:11.0 PCIe Bus Error: severity=Uncorrected, non-fatal, Completion Timeout, TLP Header=Not available";
@@ -401,25 +369,30 @@ mod tests {
 
     #[test]
     fn correctable_errors_of_the_port_count() {
+        let event = traced(CORRECTABLE);
         assert_eq!(
-            tracefs_fact(&traced(CORRECTABLE), PORT),
-            Some(TracefsFact::NewError)
+            port_fact(&event, &path()),
+            Some(TracefsFact::Error(Fault::error(
+                PORT.to_owned(),
+                event.errors.clone()
+            )))
         );
         // Another port's error is not this rank's.
-        assert_eq!(tracefs_fact(&traced(CORRECTABLE), "0000:00:10.0"), None);
+        let elsewhere = ["0000:00:10.0".to_owned(), PATH[1].to_owned()];
+        assert_eq!(port_fact(&event, &elsewhere), None);
     }
 
     #[test]
     fn uncorrectable_errors_are_left_to_the_module() {
         // The AER core calls error_detected on the device below the port:
         // the module's event counts it once.
-        assert_eq!(tracefs_fact(&traced(NONFATAL), PORT), None);
+        assert_eq!(port_fact(&traced(NONFATAL), &path()), None);
     }
 
     #[test]
     fn the_kernel_link_updates_of_the_port_set_speed_and_width() {
         assert_eq!(
-            tracefs_fact(&traced(LINK), PORT),
+            port_fact(&traced(LINK), &path()),
             Some(TracefsFact::Link {
                 speed_gt_s: 8.0,
                 width: 4
@@ -427,7 +400,7 @@ mod tests {
         );
         let mut unknown = traced(LINK);
         unknown.link_after.as_mut().unwrap().speed = 0;
-        assert_eq!(tracefs_fact(&unknown, PORT), None);
+        assert_eq!(port_fact(&unknown, &path()), None);
     }
 
     fn module_step(step: &'static str, state: &'static str, result: &str) -> Event {
@@ -488,6 +461,6 @@ mod tests {
     fn module_events_are_not_tracefs_facts() {
         let mut event = traced(CORRECTABLE);
         event.source = EventSource::Module;
-        assert_eq!(tracefs_fact(&event, PORT), None);
+        assert_eq!(port_fact(&event, &path()), None);
     }
 }

@@ -20,15 +20,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 pub use error::PcieipcError;
-pub(crate) use link_events::tracefs_root;
 
 use super::config::{Registered, Setup, TransportConfig, TransportOptions};
-use super::segment::{SegmentTransport, Signalling};
-use super::{Capabilities, LinkPoll, Signal, Transport, SIGNALS};
+use super::segment::{Kind, Segment, Signalling, Transport};
+use super::{Capabilities, Signal, SIGNALS};
 use crate::device::{BoundDevice, Device, MappedWindow, WaitResult};
-use crate::engine::chunk::LinkFacts;
 use crate::engine::error::EngineError;
-use crate::engine::fault_policy::Recovery;
+use crate::engine::link_monitor::LinkMonitor;
 use link_events::LinkEvents;
 
 /// The region's shared memory is BAR2 of an ivshmem-doorbell device.
@@ -57,19 +55,28 @@ impl TransportConfig for PcieipcOptions {
     }
 
     fn capabilities(&self) -> Capabilities {
-        <Doorbells as Signalling>::CAPABILITIES
+        KIND.capabilities
     }
 
-    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Transport>, EngineError> {
-        Ok(Box::new(PcieipcTransport::init(setup, self.device)?))
+    fn open(&self, setup: &Setup<'_>) -> Result<Transport, EngineError> {
+        setup::init(setup, self.device)
     }
 }
+
+const KIND: Kind = Kind {
+    name: REGISTERED.name,
+    capabilities: Capabilities {
+        peer_reads: false,
+        link_events: true,
+        device_memory: true,
+    },
+    sleep_name: "MSI-X WAIT",
+    wake_name: "doorbell",
+};
 
 fn sleep_code(owner: usize, signal: Signal) -> u32 {
     (owner * SIGNALS.len() + signal as usize + 1) as u32
 }
-
-type PcieipcTransport = SegmentTransport<Doorbells>;
 
 /// Doorbells and interrupt waits through this rank's device, whose BAR2
 /// mapping this keeps.
@@ -88,12 +95,13 @@ pub(crate) struct Doorbells {
     link_events: Option<LinkEvents>,
 }
 
-impl PcieipcTransport {
+impl Doorbells {
     /// Rings the doorbell of every other rank asleep on `code` (any counter
-    /// if `None`).
-    fn wake(&self, code: Option<u32>) {
-        for rank in (0..self.segment.layout().nranks).filter(|rank| *rank != self.rank) {
-            let status = &self.segment.control(rank).status;
+    /// if `None`), as `rank`; returns how many it rang.
+    fn ring_sleepers(&self, segment: &Segment, rank: usize, code: Option<u32>) -> usize {
+        let mut rung = 0;
+        for peer in (0..segment.layout().nranks).filter(|peer| *peer != rank) {
+            let status = &segment.control(peer).status;
             let sleeping_on = status.sleeping_on.load(Ordering::SeqCst);
             if sleeping_on == 0 || code.is_some_and(|code| code != sleeping_on) {
                 continue;
@@ -102,66 +110,60 @@ impl PcieipcTransport {
             let peer_id = status.peer_id.load(Ordering::Acquire).wrapping_sub(1);
             // A failed ring costs the sleeper at most its slice: it re-checks
             // the counter when its wait times out.
-            let doorbells = &self.signalling;
-            let _ = doorbells
-                .device
-                .ring(doorbells.mine.index, peer_id as u16, VECTOR);
-            self.note_wake();
+            let _ = self.device.ring(self.mine.index, peer_id as u16, VECTOR);
+            rung += 1;
         }
+        rung
     }
 }
 
 impl Signalling for Doorbells {
-    const NAME: &'static str = REGISTERED.name;
-    const SLEEP_NAME: &'static str = "MSI-X WAIT";
-    const WAKE_NAME: &'static str = "doorbell";
-    const CAPABILITIES: Capabilities = Capabilities {
-        peer_reads: false,
-        link_events: true,
-        device_memory: true,
-    };
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
 
-    fn store(transport: &PcieipcTransport, owner: usize, signal: Signal, value: u32) {
+    fn store(
+        &self,
+        segment: &Segment,
+        rank: usize,
+        owner: usize,
+        signal: Signal,
+        value: u32,
+    ) -> usize {
         // SeqCst here and in `sleep`: either this store sees the sleeper's
         // `sleeping_on` and rings it, or the sleeper sees the new value and
         // does not wait. A doorbell is rung only when someone sleeps.
-        transport
-            .segment
+        segment
             .counter(owner, signal)
             .value
             .store(value, Ordering::SeqCst);
-        transport.wake(Some(sleep_code(owner, signal)));
+        self.ring_sleepers(segment, rank, Some(sleep_code(owner, signal)))
     }
 
     fn sleep(
-        transport: &PcieipcTransport,
+        &self,
+        segment: &Segment,
+        rank: usize,
         owner: usize,
         signal: Signal,
         observed: u32,
         slice: Duration,
     ) {
-        let status = &transport.segment.control(transport.rank).status;
+        let status = &segment.control(rank).status;
         status
             .sleeping_on
             .store(sleep_code(owner, signal), Ordering::SeqCst);
-        if transport
-            .segment
-            .counter(owner, signal)
-            .value
-            .load(Ordering::SeqCst)
-            == observed
-        {
+        if segment.counter(owner, signal).value.load(Ordering::SeqCst) == observed {
             // The module waits in whole milliseconds: rounding down would turn
             // the last sub-millisecond slice before a timeout into a spin.
             let timeout = Duration::from_millis(slice.as_micros().div_ceil(1000) as u64);
-            let doorbells = &transport.signalling;
-            match doorbells.device.wait(
-                doorbells.mine.index,
+            match self.device.wait(
+                self.mine.index,
                 u32::from(VECTOR),
-                doorbells.seen_interrupts.get(),
+                self.seen_interrupts.get(),
                 Some(timeout),
             ) {
-                Ok(WaitResult::Interrupt(count)) => doorbells.seen_interrupts.set(count),
+                Ok(WaitResult::Interrupt(count)) => self.seen_interrupts.set(count),
                 Ok(WaitResult::TimedOut | WaitResult::Interrupted) => {}
                 // A frozen or gone device cannot wake us: sleep the slice out
                 // so the caller's liveness and timeout checks still pace it.
@@ -171,33 +173,15 @@ impl Signalling for Doorbells {
         status.sleeping_on.store(0, Ordering::SeqCst);
     }
 
-    fn wake_departed(transport: &PcieipcTransport) {
-        transport.wake(None);
+    fn wake(&self, segment: &Segment, rank: usize, _only_on: Option<usize>) -> usize {
+        // A doorbell says nothing of the counter: ring every sleeper.
+        self.ring_sleepers(segment, rank, None)
     }
 
-    fn wake_all(transport: &PcieipcTransport) {
-        transport.wake(None);
-    }
-
-    fn device_link(&self) -> Option<LinkFacts> {
-        self.link_events.as_ref().and_then(LinkEvents::facts)
-    }
-
-    fn poll_link(&mut self) -> LinkPoll {
+    fn take_link_monitor(&mut self) -> Option<Box<dyn LinkMonitor>> {
         self.link_events
-            .as_mut()
-            .map_or_else(LinkPoll::default, LinkEvents::poll)
-    }
-
-    fn retrain_degraded_link(&mut self) -> Option<LinkFacts> {
-        self.link_events.as_mut()?.retrain_degraded()
-    }
-
-    fn await_recovery(&mut self, bound: Duration) -> Recovery {
-        match self.link_events.as_mut() {
-            Some(link_events) => link_events.await_recovery(bound),
-            None => Recovery::Unfinished { waited_ms: 0 },
-        }
+            .take()
+            .map(|events| Box::new(events) as Box<dyn LinkMonitor>)
     }
 }
 

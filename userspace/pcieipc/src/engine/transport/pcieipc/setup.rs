@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 
 use super::super::config::Setup;
 use super::super::rendezvous;
-use super::super::segment::{page_aligned, Layout, Segment};
+use super::super::segment::{page_aligned, Layout, Segment, Transport};
 use super::super::WindowSizes;
 use super::link_events::LinkEvents;
-use super::{Doorbells, PcieipcError, PcieipcTransport, REGISTERED, SHARED_BAR, VECTOR};
+use super::{Doorbells, PcieipcError, REGISTERED, SHARED_BAR, VECTOR};
 use crate::device::{BoundDevice, Device, DeviceKind, DeviceState, DEFAULT_PATH};
 use crate::engine::error::EngineError;
 use crate::probe::bdf::Bdf;
@@ -65,66 +65,68 @@ fn select_device(
     }
 }
 
-impl PcieipcTransport {
-    /// Sets up `rank`'s transport around the rendezvous `name`: rank 0 zeroes
-    /// the control blocks of its device's region and tags it before it admits
-    /// anyone (and tells those who join if it cannot); the others map their
-    /// device's BAR2 once welcomed and check the tag.
-    pub(super) fn init(
-        setup: &Setup<'_>,
-        chosen: Option<u32>,
-    ) -> Result<PcieipcTransport, EngineError> {
-        let Setup {
-            rendezvous: name,
-            rank,
-            nranks,
-            join_timeout,
-            ..
-        } = *setup;
-        let secret = setup.secret.as_ref();
-        let requested = page_aligned(setup.sizes);
-        // A setup failure is the transport's, on this rank.
-        let fail = |error: PcieipcError| EngineError::transport(rank, REGISTERED.name, error);
-        let open = || Device::open(DEFAULT_PATH).map_err(|source| fail(source.into()));
-        let mut transport = if rank == 0 {
-            // The rendezvous also creates the shm segment, sparse and never
-            // mapped: this transport does not use it.
-            let (joined, unattached) =
-                rendezvous::host(name, secret, nranks, requested, join_timeout, || {
-                    let unattached =
-                        Self::map(open()?, rank, nranks, requested, chosen).map_err(fail)?;
-                    unattached.initialise(job_tag(name, std::process::id()));
-                    unattached.publish_device();
-                    Ok(unattached)
-                })?;
-            unattached.watch(joined.pids)
-        } else {
-            let device = open()?;
-            let joined = rendezvous::join(name, secret, rank, nranks, join_timeout)?;
-            let unattached = Self::map(device, rank, nranks, joined.sizes, chosen).map_err(fail)?;
-            if unattached.segment.global().job_tag.load(Ordering::Acquire)
-                != job_tag(name, joined.pids[0])
-            {
-                return Err(fail(PcieipcError::ForeignRegion {
-                    device: unattached.signalling.mine.index,
-                }));
-            }
-            unattached.publish_device();
-            unattached.watch(joined.pids)
-        }?;
-        transport.signalling.link_events =
-            Some(LinkEvents::open(&transport.signalling.mine).map_err(fail)?);
-        Ok(transport)
-    }
+/// A rank's region mapped through its device, not yet a transport.
+struct Mapped {
+    rank: usize,
+    segment: Segment,
+    doorbells: Doorbells,
+}
 
-    /// Maps the region through `rank`'s device; peers are not watched yet.
-    fn map(
+/// Sets up `rank`'s transport around the rendezvous `name`: rank 0 zeroes
+/// the control blocks of its device's region and tags it before it admits
+/// anyone (and tells those who join if it cannot); the others map their
+/// device's BAR2 once welcomed and check the tag. `chosen`: the device, or
+/// the rank-th usable one.
+pub(super) fn init(setup: &Setup<'_>, chosen: Option<u32>) -> Result<Transport, EngineError> {
+    let Setup {
+        rendezvous: name,
+        rank,
+        nranks,
+        join_timeout,
+        ..
+    } = *setup;
+    let secret = setup.secret.as_ref();
+    let requested = page_aligned(setup.sizes);
+    // A setup failure is the transport's, on this rank.
+    let fail = |error: PcieipcError| EngineError::transport(rank, REGISTERED.name, error);
+    let open = || Device::open(DEFAULT_PATH).map_err(|source| fail(source.into()));
+    let (mut mapped, pids) = if rank == 0 {
+        // The rendezvous also creates the shm segment, sparse and never
+        // mapped: this transport does not use it.
+        let (joined, mapped) =
+            rendezvous::host(name, secret, nranks, requested, join_timeout, || {
+                let mapped = Mapped::new(open()?, rank, nranks, requested, chosen).map_err(fail)?;
+                mapped.initialise(job_tag(name, std::process::id()));
+                mapped.publish_device();
+                Ok(mapped)
+            })?;
+        (mapped, joined.pids)
+    } else {
+        let device = open()?;
+        let joined = rendezvous::join(name, secret, rank, nranks, join_timeout)?;
+        let mapped = Mapped::new(device, rank, nranks, joined.sizes, chosen).map_err(fail)?;
+        if mapped.segment.global().job_tag.load(Ordering::Acquire) != job_tag(name, joined.pids[0])
+        {
+            return Err(fail(PcieipcError::ForeignRegion {
+                device: mapped.doorbells.mine.index,
+            }));
+        }
+        mapped.publish_device();
+        (mapped, joined.pids)
+    };
+    mapped.doorbells.link_events = Some(LinkEvents::open(&mapped.doorbells.mine).map_err(fail)?);
+    Transport::new(rank, mapped.segment, Box::new(mapped.doorbells), pids)
+}
+
+impl Mapped {
+    /// Maps the region through `device`'s BAR2.
+    fn new(
         device: Device,
         rank: usize,
         nranks: usize,
         sizes: WindowSizes,
         chosen: Option<u32>,
-    ) -> Result<PcieipcTransport, PcieipcError> {
+    ) -> Result<Mapped, PcieipcError> {
         let mine = select_device(&device, rank, chosen)?;
         let layout = Layout::new(nranks, sizes).map_err(PcieipcError::WindowSizes)?;
         let bar_bytes = mine
@@ -158,14 +160,18 @@ impl PcieipcTransport {
             seen_interrupts: Cell::new(seen),
             link_events: None,
         };
-        Ok(PcieipcTransport::new(rank, segment, doorbells))
+        Ok(Mapped {
+            rank,
+            segment,
+            doorbells,
+        })
     }
 
     /// Tells the peers which device this rank maps the region through and
     /// which doorbell wakes it; done before it can first sleep.
     fn publish_device(&self) {
         if let Some(bdf) = self
-            .signalling
+            .doorbells
             .mine
             .bdf
             .parse::<Bdf>()
@@ -178,7 +184,7 @@ impl PcieipcTransport {
             .control(self.rank)
             .status
             .peer_id
-            .store(self.signalling.peer_id + 1, Ordering::SeqCst);
+            .store(self.doorbells.peer_id + 1, Ordering::SeqCst);
     }
 
     /// Rank 0, before anyone else attaches: a clean control area (a previous
@@ -190,7 +196,7 @@ impl PcieipcTransport {
         // and no other rank of this job has mapped it yet.
         unsafe {
             std::ptr::write_bytes(
-                self.signalling.region.as_ptr(),
+                self.doorbells.region.as_ptr(),
                 0,
                 self.segment.layout().windows,
             )

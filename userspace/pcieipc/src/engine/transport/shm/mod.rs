@@ -20,8 +20,8 @@ mod peer_reads;
 use super::config::{Registered, Setup, TransportConfig, TransportOptions};
 use super::rendezvous;
 use super::segment::memfd::check_segment;
-use super::segment::{page_aligned, Layout, Segment, SegmentTransport, Signalling};
-use super::{Capabilities, Signal, Transport, WindowSizes, SIGNALS};
+use super::segment::{page_aligned, Kind, Layout, Segment, Signalling, Transport};
+use super::{Capabilities, Signal, WindowSizes, SIGNALS};
 use crate::engine::error::EngineError;
 
 /// The shm transport's options: it has none of its own.
@@ -40,10 +40,10 @@ impl TransportConfig for ShmOptions {
     }
 
     fn capabilities(&self) -> Capabilities {
-        <Futexes as Signalling>::CAPABILITIES
+        KIND.capabilities
     }
 
-    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Transport>, EngineError> {
+    fn open(&self, setup: &Setup<'_>) -> Result<Transport, EngineError> {
         let sizes = page_aligned(setup.sizes);
         let joined = if setup.rank == 0 {
             rendezvous::host(
@@ -64,13 +64,20 @@ impl TransportConfig for ShmOptions {
                 setup.join_timeout,
             )?
         };
-        let transport =
-            ShmTransport::attach(joined.segment, setup.rank, joined.sizes, joined.pids)?;
-        Ok(Box::new(transport))
+        attach(joined.segment, setup.rank, joined.sizes, joined.pids)
     }
 }
 
-type ShmTransport = SegmentTransport<Futexes>;
+const KIND: Kind = Kind {
+    name: REGISTERED.name,
+    capabilities: Capabilities {
+        peer_reads: true,
+        link_events: false,
+        device_memory: false,
+    },
+    sleep_name: "futex sleep",
+    wake_name: "futex wake",
+};
 
 /// Futex sleeps and wakes on the counters of the memfd segment, which this
 /// keeps mapped.
@@ -94,54 +101,51 @@ impl Drop for Futexes {
     }
 }
 
-impl ShmTransport {
-    /// Maps the segment `fd` (then closes the descriptor) and watches the
-    /// peers' processes.
-    fn attach(
-        fd: OwnedFd,
-        rank: usize,
-        sizes: WindowSizes,
-        pids: Vec<u32>,
-    ) -> Result<ShmTransport, EngineError> {
-        let layout = Layout::new(pids.len(), sizes)
-            .map_err(|reason| EngineError::BadWindowSizes { reason })?;
-        check_segment(&fd, &layout)?;
-        let length =
-            NonZeroUsize::new(layout.total).expect("segment holds at least its control page");
-        // SAFETY: a fresh shared mapping of a memfd of exactly this length; no
-        // Rust reference aliases it yet.
-        let base = unsafe {
-            mmap(
-                None,
-                length,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                fd.as_fd(),
-                0,
-            )
-        }
-        .map_err(|errno| EngineError::SharedMemory {
-            bytes: layout.total,
-            context: "mmap",
-            source: errno.into(),
-        })?;
-        drop(fd);
-        // SAFETY: the mapping just made is page aligned, `layout.total` bytes
-        // long, zeroed or written only by ranks of this layout, and unmapped
-        // only when `Futexes` drops with the transport.
-        let segment = unsafe { Segment::new(base.cast(), layout) };
-        let futexes = Futexes {
-            mapping: base,
-            length: layout.total,
-            peer_reads: std::sync::Mutex::new(None),
-        };
-        ShmTransport::new(rank, segment, futexes).watch(pids)
+/// Maps the segment `fd` (then closes the descriptor) and watches the
+/// peers' processes.
+fn attach(
+    fd: OwnedFd,
+    rank: usize,
+    sizes: WindowSizes,
+    pids: Vec<u32>,
+) -> Result<Transport, EngineError> {
+    let layout =
+        Layout::new(pids.len(), sizes).map_err(|reason| EngineError::BadWindowSizes { reason })?;
+    check_segment(&fd, &layout)?;
+    let length = NonZeroUsize::new(layout.total).expect("segment holds at least its control page");
+    // SAFETY: a fresh shared mapping of a memfd of exactly this length; no
+    // Rust reference aliases it yet.
+    let base = unsafe {
+        mmap(
+            None,
+            length,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_SHARED,
+            fd.as_fd(),
+            0,
+        )
     }
+    .map_err(|errno| EngineError::SharedMemory {
+        bytes: layout.total,
+        context: "mmap",
+        source: errno.into(),
+    })?;
+    drop(fd);
+    // SAFETY: the mapping just made is page aligned, `layout.total` bytes
+    // long, zeroed or written only by ranks of this layout, and unmapped
+    // only when `Futexes` drops with the transport.
+    let segment = unsafe { Segment::new(base.cast(), layout) };
+    let futexes = Futexes {
+        mapping: base,
+        length: layout.total,
+        peer_reads: std::sync::Mutex::new(None),
+    };
+    Transport::new(rank, segment, Box::new(futexes), pids)
 }
 
-fn wake_all_counters_of(transport: &ShmTransport, rank: usize) {
+fn wake_all_counters_of(segment: &Segment, rank: usize) {
     for signal in SIGNALS {
-        futex_wake_all(&transport.segment.counter(rank, signal).value);
+        futex_wake_all(&segment.counter(rank, signal).value);
     }
 }
 
@@ -174,14 +178,9 @@ fn futex_wake_all(word: &AtomicU32) {
 }
 
 impl Signalling for Futexes {
-    const NAME: &'static str = REGISTERED.name;
-    const SLEEP_NAME: &'static str = "futex sleep";
-    const WAKE_NAME: &'static str = "futex wake";
-    const CAPABILITIES: Capabilities = Capabilities {
-        peer_reads: true,
-        link_events: false,
-        device_memory: false,
-    };
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
 
     fn allow_peer_reads(&self) -> bool {
         let mut held = self
@@ -200,30 +199,40 @@ impl Signalling for Futexes {
         *held = None;
     }
 
-    fn read_peer(pid: u32, address: u64, into: &mut [u8]) -> std::io::Result<()> {
+    fn read_peer(&self, pid: u32, address: u64, into: &mut [u8]) -> std::io::Result<()> {
         peer_reads::read(pid, address, into)
     }
 
-    fn store(transport: &ShmTransport, owner: usize, signal: Signal, value: u32) {
-        let counter = transport.segment.counter(owner, signal);
+    fn store(
+        &self,
+        segment: &Segment,
+        _rank: usize,
+        owner: usize,
+        signal: Signal,
+        value: u32,
+    ) -> usize {
+        let counter = segment.counter(owner, signal);
         // SeqCst on both the value and the waiter count (here and in `sleep`):
         // either this store sees the sleeper registered, or the sleeper sees the
         // new value before it sleeps. A syscall is paid only when someone sleeps.
         counter.value.store(value, Ordering::SeqCst);
-        if counter.waiters.load(Ordering::SeqCst) != 0 {
-            futex_wake_all(&counter.value);
-            transport.note_wake();
+        if counter.waiters.load(Ordering::SeqCst) == 0 {
+            return 0;
         }
+        futex_wake_all(&counter.value);
+        1
     }
 
     fn sleep(
-        transport: &ShmTransport,
+        &self,
+        segment: &Segment,
+        _rank: usize,
         owner: usize,
         signal: Signal,
         observed: u32,
         slice: Duration,
     ) {
-        let counter = transport.segment.counter(owner, signal);
+        let counter = segment.counter(owner, signal);
         counter.waiters.fetch_add(1, Ordering::SeqCst);
         if counter.value.load(Ordering::SeqCst) == observed {
             futex_wait(&counter.value, observed, slice);
@@ -231,13 +240,14 @@ impl Signalling for Futexes {
         counter.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
-    fn wake_departed(transport: &ShmTransport) {
-        wake_all_counters_of(transport, transport.rank);
-    }
-
-    fn wake_all(transport: &ShmTransport) {
-        for rank in 0..transport.segment.layout().nranks {
-            wake_all_counters_of(transport, rank);
+    fn wake(&self, segment: &Segment, _rank: usize, only_on: Option<usize>) -> usize {
+        match only_on {
+            Some(rank) => wake_all_counters_of(segment, rank),
+            None => {
+                (0..segment.layout().nranks).for_each(|rank| wake_all_counters_of(segment, rank))
+            }
         }
+        // Futex wakes do not say whom they woke; traces count stores' wakes.
+        0
     }
 }
