@@ -22,9 +22,7 @@ add_step "python: abi3 wheel (maturin), pytest against Gloo, DDP, 2x2 nodes, a k
 add_step "kmod: CLIPPY=1 build (warnings are errors)" 'make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules'
 add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs'
 add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'
-# The library's engine (its communicator and CUDA backend) still has import
-# cycles (docs/engine.md); every other crate is held to none.
-add_step "userspace: no import cycle in the CLI, testbed, bindings, ivshmem server and Python crates" 'python3 scripts/check-rust-imports.py --self-test && python3 scripts/check-rust-imports.py userspace/cli/src userspace/testbed/src userspace/uapi/src userspace/ivshmem-server/src python/src >/dev/null'
+add_step "userspace: no import cycle among the files of any crate (library, CLI, testbed, bindings, server, Python)" 'python3 scripts/check-rust-imports.py --self-test && python3 scripts/check-rust-imports.py userspace/pcieipc/src userspace/cli/src userspace/testbed/src userspace/uapi/src userspace/ivshmem-server/src python/src >/dev/null'
 add_step "bench comparison tool: fixtures (medians, ratios, exit status when behind)" 'python3 scripts/bench_compare.py --self-test'
 add_step "distro: pcieipc.ko for Debian's packaged kernel, against its headers, with its rustc 1.85 (the MSRV)" 'bash scripts/distro-kmod.sh >/dev/null'
 add_step "distro: the DKMS .deb names what is missing, prepares the headers through its hook, builds, signs, upgrades, removes" 'bash scripts/test-dkms.sh'

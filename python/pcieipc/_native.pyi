@@ -73,8 +73,11 @@ class Communicator:
 class CudaCommunicator:
     """Stream-ordered collectives on CUDA tensors, one GPU per rank.
 
-    Calls are queued on ``stream`` and return at once; ``synchronize()``
-    waits for them and raises what a GPU-side hand-off reported.
+    Calls are ordered on ``stream``. On the GPU hand-off (``hands_off_on_gpu``)
+    they are queued and return at once; ``synchronize()`` waits for them and
+    raises what a GPU-side hand-off reported. On the host hand-off (ranks
+    sharing a GPU) a call runs after the stream's queued work and is done
+    when it returns.
     """
 
     def __init__(
@@ -106,12 +109,15 @@ class CudaCommunicator:
     @property
     def data_path(self) -> str: ...
     @property
+    def last_algorithm(self) -> Optional[str]:
+        """The algorithm the last collective took ("ring", "one-shot", "direct"), None before the first."""
+    @property
     def control(self) -> Communicator:
         """The host control plane, a host communicator of the same ranks."""
     def all_reduce(
         self, input: Any, output: Optional[Any] = None, op: str = "sum", stream: Optional[int] = None
     ) -> None:
-        """Queues the all_reduce on `stream` (a CUstream of this GPU's context; None: `self.stream`)."""
+        """Orders the all_reduce on `stream` (a CUstream of this GPU's context; None: `self.stream`)."""
     def reduce_scatter(self, input: Any, output: Any, op: str = "sum", stream: Optional[int] = None) -> None: ...
     def all_gather(self, input: Any, output: Any, stream: Optional[int] = None) -> None: ...
     def broadcast(self, buffer: Any, root: int = 0, stream: Optional[int] = None) -> None: ...

@@ -151,7 +151,8 @@ class _Work(dist.Work):
 
 
 class _OnStream:
-    """A CudaCommunicator whose calls are queued on `stream`."""
+    """A CudaCommunicator whose calls are ordered on `stream`: queued there
+    on the GPU hand-off, run after its queued work on the host hand-off."""
 
     def __init__(self, comm: CudaCommunicator, stream: int):
         self._comm = comm
@@ -168,35 +169,6 @@ class _OnStream:
 
     def broadcast(self, buffer, root=0):
         self._comm.broadcast(buffer, root=root, stream=self._stream)
-
-
-class _Staged:
-    """A CUDA communicator's host control plane taking CUDA tensors through
-    host copies (`.cpu()` waits for the caller's stream), for communicators
-    that hand over on the host."""
-
-    def __init__(self, control: Communicator):
-        self._control = control
-
-    def all_reduce(self, input, output=None, op="sum"):
-        host = input.cpu()
-        self._control.all_reduce(host, op=op)
-        (input if output is None else output).copy_(host)
-
-    def reduce_scatter(self, input, output, op="sum"):
-        host_output = output.cpu()
-        self._control.reduce_scatter(input.cpu(), host_output, op=op)
-        output.copy_(host_output)
-
-    def all_gather(self, input, output):
-        host_output = output.cpu()
-        self._control.all_gather(input.cpu(), host_output)
-        output.copy_(host_output)
-
-    def broadcast(self, buffer, root=0):
-        host = buffer.cpu()
-        self._control.broadcast(host, root=root)
-        buffer.copy_(host)
 
 
 def _padded(flat: torch.Tensor, ranks: int) -> torch.Tensor:
@@ -445,11 +417,11 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
 
     def _run_cuda(self, device, tensors, run):
         comm = self._cuda_communicator(device)
-        if not comm.hands_off_on_gpu:
-            # Host hand-off (ranks sharing a GPU without MPS): through host copies.
-            return run(_Staged(comm.control), tensors)
-        # Queued on the caller's current stream, in order with its work: the
-        # caching allocator and later kernels need nothing more.
+        # Handed to the engine by device pointer on the caller's current
+        # stream, in order with its work: queued there on the GPU hand-off,
+        # done before the call returns on the host hand-off (ranks sharing a
+        # GPU without MPS). The caching allocator and later kernels need
+        # nothing more.
         value = run(_OnStream(comm, torch.cuda.current_stream(device).cuda_stream), tensors)
         comm.check()
         return value

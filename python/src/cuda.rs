@@ -1,15 +1,16 @@
-//! `pcieipc.CudaCommunicator`: the collectives on CUDA tensors of one GPU
-//! per rank, queued on the caller's stream (pcieipc.torch passes torch's
-//! current one) or the communicator's own, and handed over on the GPU (the
-//! host only at init and on errors).
+//! `pcieipc.CudaCommunicator`: the collectives on CUDA tensors, handed to
+//! the engine's CUDA communicator by device address and stream (pcieipc.torch
+//! passes torch's current one, or the communicator's own is used): queued
+//! there on the GPU hand-off, run in order with the stream's work on the
+//! host hand-off (ranks sharing a GPU).
 
 use std::sync::{Arc, Mutex};
 
 use pcieipc::engine::cuda::{
-    CudaCommunicator as EngineCudaCommunicator, CudaOptions, CudaStream, DataPath, Gpu, Handoff,
-    PeerToPeer,
+    CudaCommunicator as EngineCudaCommunicator, CudaOptions, CudaStream, DataPath, Gpu, GpuCall,
+    Handoff, PeerToPeer,
 };
-use pcieipc::engine::EngineError;
+use pcieipc::engine::{CallKind, DType, EngineError, ReduceOp};
 use pyo3::prelude::*;
 
 use crate::errors::{device_error, invalid, to_closed, to_python};
@@ -19,11 +20,12 @@ use crate::memory::{Device, Memory};
 /// A communicator of `nranks` processes, each with CUDA tensors on GPU
 /// `device`, joined at `rendezvous` as `rank`.
 ///
-/// Collectives are queued on the caller's stream (or the communicator's
-/// own, `stream`) and return at once; `synchronize()` waits for the own
-/// one. They need the GPU hand-off (`hands_off_on_gpu`), which init takes when every rank has a GPU of its own; where ranks share a GPU
-/// the hand-off is on the host, and `control` (a host communicator over the
-/// same rendezvous) carries host copies instead.
+/// Collectives are ordered on the caller's stream (or the communicator's
+/// own, `stream`). On the GPU hand-off (`hands_off_on_gpu`, which init takes
+/// when every rank has a GPU of its own) they are queued and return at
+/// once; `synchronize()` waits for the own stream. Where ranks share a GPU
+/// the hand-off is on the host: a call runs after the stream's queued work
+/// and is done when it returns.
 #[pyclass(module = "pcieipc", name = "CudaCommunicator")]
 pub struct CudaCommunicator {
     inner: Arc<Mutex<Option<EngineCudaCommunicator>>>,
@@ -87,20 +89,55 @@ impl CudaCommunicator {
     }
 }
 
-/// The stream a call is queued on: the caller's `handle`, or the
-/// communicator's own.
-fn queue_on(
-    comm: &EngineCudaCommunicator,
-    handle: Option<usize>,
-) -> Result<Arc<CudaStream>, EngineError> {
-    match handle {
-        None => Ok(comm.gpu().stream_handle()),
-        Some(handle) => {
-            // SAFETY: a stream handle the caller passed for this call; torch
-            // keeps its streams alive for the process's life, and any caller
-            // keeps a stream alive while work queued on it runs.
-            let borrowed = unsafe { comm.gpu().borrow_stream(handle) };
-            borrowed.map_err(|error| comm.cuda_error(error))
+/// A call of checked device memory, as the engine takes it.
+struct Call {
+    kind: CallKind,
+    dtype: DType,
+    op: ReduceOp,
+    count: usize,
+    input: usize,
+    output: usize,
+    root: usize,
+    /// The caller's CUstream; `None`: the communicator's own.
+    stream: Option<usize>,
+}
+
+impl Call {
+    /// Hands the call to `comm`, ordered on its stream.
+    ///
+    /// # Safety
+    ///
+    /// `input` and `output` are device memory of `comm`'s GPU holding what
+    /// `kind` reads and writes (checked by the caller), kept alive until the
+    /// stream has run the call (pcieipc.torch queues on the tensors' own
+    /// stream, on which torch's caching allocator orders their reuse).
+    unsafe fn queue(self, comm: &mut EngineCudaCommunicator) -> Result<(), EngineError> {
+        let stream: Option<Arc<CudaStream>> = match self.stream {
+            None => None,
+            Some(handle) => {
+                // SAFETY: a stream handle the caller passed for this call;
+                // torch keeps its streams alive for the process's life, and
+                // any caller keeps a stream alive while work queued on it
+                // runs.
+                let borrowed = unsafe { comm.gpu().borrow_stream(handle) };
+                Some(borrowed.map_err(|error| comm.cuda_error(error))?)
+            }
+        };
+        // SAFETY: the caller's promise, as `from_raw` needs it.
+        let call = unsafe {
+            GpuCall::from_raw(
+                self.kind,
+                self.dtype,
+                self.op,
+                self.count,
+                self.input as u64,
+                self.output as u64,
+                self.root,
+            )
+        };
+        match &stream {
+            None => comm.queue(call),
+            Some(stream) => comm.queue(call.on_stream(stream)),
         }
     }
 }
@@ -210,7 +247,8 @@ impl CudaCommunicator {
         self.stream
     }
 
-    /// Whether ranks hand over on the GPU (the collectives below need it).
+    /// Whether ranks hand over on the GPU (calls queued on a stream), or on
+    /// the host (calls done when they return).
     #[getter]
     fn hands_off_on_gpu(&self) -> bool {
         self.hands_off_on_gpu
@@ -222,6 +260,16 @@ impl CudaCommunicator {
         &self.data_path
     }
 
+    /// The algorithm the last collective took ("ring", "one-shot",
+    /// "direct"; None before the first): the engine's, on either hand-off
+    /// (the control plane's where the data went through host memory).
+    #[getter]
+    fn last_algorithm(&self, py: Python<'_>) -> PyResult<Option<&'static str>> {
+        self.run(py, |comm| {
+            Ok(comm.last_call().map(|call| call.algorithm.name()))
+        })
+    }
+
     /// The host control plane: a host communicator of the same ranks.
     #[getter]
     fn control(&self) -> Communicator {
@@ -229,9 +277,10 @@ impl CudaCommunicator {
     }
 
     /// Queues `output[i]` = `op` over all ranks' `input[i]` (in place when
-    /// `output` is None or the same tensor). `stream`: the CUstream to queue
-    /// on (torch: `torch.cuda.current_stream().cuda_stream`); None: the
-    /// communicator's own, `stream` above.
+    /// `output` is None or the same tensor). `stream`: the CUstream to order
+    /// the call on (torch: `torch.cuda.current_stream().cuda_stream`); None:
+    /// the communicator's own, `stream` above. On the host hand-off the call
+    /// runs after the stream's queued work and is done when it returns.
     #[pyo3(signature = (input, output=None, op="sum", stream=None))]
     fn all_reduce(
         &self,
@@ -260,23 +309,20 @@ impl CudaCommunicator {
                 target.address
             }
         };
-        self.run(py, |comm| {
-            let stream = queue_on(comm, stream)?;
-            // SAFETY: checked device memory of this GPU holding `count`
-            // elements of `dtype`; the caller keeps it alive until the stream
-            // has run the call (pcieipc.torch queues on the tensors' own
-            // stream, on which torch's caching allocator orders their reuse).
-            unsafe {
-                comm.all_reduce_raw(
-                    source.address as u64,
-                    output_address as u64,
-                    source.count,
-                    source.dtype,
-                    op,
-                    &stream,
-                )
-            }
-        })
+        let call = Call {
+            kind: CallKind::AllReduce,
+            dtype: source.dtype,
+            op,
+            count: source.count,
+            input: source.address,
+            output: output_address,
+            root: 0,
+            stream,
+        };
+        // SAFETY: checked device memory of this GPU holding `count` elements
+        // of `dtype` each (the same, or not overlapping); the caller keeps it
+        // alive until the stream has run the call.
+        self.run(py, |comm| unsafe { call.queue(comm) })
     }
 
     /// Queues rank r's `output` = `op` over all ranks'
@@ -305,22 +351,19 @@ impl CudaCommunicator {
                 self.rank,
             ));
         }
-        self.run(py, |comm| {
-            let stream = queue_on(comm, stream)?;
-            // SAFETY: checked, disjoint device memory of this GPU; kept
-            // alive by the caller until the stream has run the call (as in
-            // all_reduce).
-            unsafe {
-                comm.reduce_scatter_raw(
-                    source.address as u64,
-                    target.address as u64,
-                    target.count,
-                    dtype,
-                    op,
-                    &stream,
-                )
-            }
-        })
+        let call = Call {
+            kind: CallKind::ReduceScatter,
+            dtype,
+            op,
+            count: target.count,
+            input: source.address,
+            output: target.address,
+            root: 0,
+            stream,
+        };
+        // SAFETY: checked, disjoint device memory of this GPU; kept alive by
+        // the caller until the stream has run the call (as in all_reduce).
+        self.run(py, |comm| unsafe { call.queue(comm) })
     }
 
     /// Queues `output[r·m:(r+1)·m]` = rank r's `input` (m = numel(input))
@@ -350,21 +393,20 @@ impl CudaCommunicator {
                 self.rank,
             ));
         }
-        self.run(py, |comm| {
-            let stream = queue_on(comm, stream)?;
-            // SAFETY: checked device memory of this GPU (input may be this
-            // rank's part of output, which the kernel allows); kept alive
-            // by the caller until the stream has run the call.
-            unsafe {
-                comm.all_gather_raw(
-                    source.address as u64,
-                    target.address as u64,
-                    source.count,
-                    dtype,
-                    &stream,
-                )
-            }
-        })
+        let call = Call {
+            kind: CallKind::AllGather,
+            dtype,
+            op: ReduceOp::Sum,
+            count: source.count,
+            input: source.address,
+            output: target.address,
+            root: 0,
+            stream,
+        };
+        // SAFETY: checked device memory of this GPU (input may be this
+        // rank's part of output, which the engine allows); kept alive by the
+        // caller until the stream has run the call.
+        self.run(py, |comm| unsafe { call.queue(comm) })
     }
 
     /// Queues every rank's `buffer` = rank `root`'s on `stream`.
@@ -377,20 +419,19 @@ impl CudaCommunicator {
         stream: Option<usize>,
     ) -> PyResult<()> {
         let buffer = self.device_memory(buffer, "broadcast buffer")?;
-        self.run(py, |comm| {
-            let stream = queue_on(comm, stream)?;
-            // SAFETY: checked device memory of this GPU; kept alive by the
-            // caller until the stream has run the call.
-            unsafe {
-                comm.broadcast_raw(
-                    buffer.address as u64,
-                    buffer.count,
-                    buffer.dtype,
-                    root,
-                    &stream,
-                )
-            }
-        })
+        let call = Call {
+            kind: CallKind::Broadcast,
+            dtype: buffer.dtype,
+            op: ReduceOp::Sum,
+            count: buffer.count,
+            input: buffer.address,
+            output: buffer.address,
+            root,
+            stream,
+        };
+        // SAFETY: checked device memory of this GPU; kept alive by the
+        // caller until the stream has run the call.
+        self.run(py, |comm| unsafe { call.queue(comm) })
     }
 
     /// Waits, asleep, until `stream` has run every queued collective, and

@@ -375,11 +375,14 @@ def local_reference(count: int, dtype, op: str) -> torch.Tensor:
 def cuda_collectives() -> None:
     """The backend on CUDA tensors (GPU tests): every dtype and op against a
     reference computed on the host, the other collectives, async calls
-    ordered on the caller's stream."""
+    ordered on the caller's stream, and the algorithms the engine's CUDA
+    communicator ran the all_reduce calls with (the backend hands it every
+    CUDA tensor, on either hand-off)."""
     device = torch.device("cuda", int(os.environ.get("GPU", "0")))
     torch.cuda.set_device(device)
     init()
-    mismatches, checked = [], 0
+    group = dist.distributed_c10d._get_default_group()
+    mismatches, checked, algorithms = [], 0, set()
 
     def check(name, got, expected):
         nonlocal checked
@@ -392,6 +395,7 @@ def cuda_collectives() -> None:
             for count in (1, 37, 4099, 300_001):
                 got = values(RANK, count, dtype, op).to(device)
                 dist.all_reduce(got, op=OPS[op])
+                algorithms.add(group._cuda.last_algorithm)
                 check(f"all_reduce {dtype} {op} {count}", got, local_reference(count, dtype, op))
         for root in range(WORLD):
             got = values(RANK, 5000, dtype, "sum").to(device)
@@ -409,11 +413,11 @@ def cuda_collectives() -> None:
     for index, (work, tensor) in enumerate(zip(works, tensors)):
         work.wait()
         check(f"async {index}", tensor * 2, local_reference(1 << 20, torch.float32, "sum") * 2)
-    group = dist.distributed_c10d._get_default_group()
     report(
         {
             "checked": checked,
             "mismatches": mismatches,
+            "all_reduce_algorithms": sorted(map(str, algorithms)),
             "data_path": group._cuda.data_path,
             "hands_off_on_gpu": group._cuda.hands_off_on_gpu,
         }

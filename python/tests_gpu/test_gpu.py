@@ -24,6 +24,8 @@ def test_cuda_collectives_gpu_handoff(tmp_path):
         assert outcome.result["mismatches"] == [], outcome.result
         assert outcome.result["hands_off_on_gpu"] is True
         assert outcome.result["checked"] == 7 * (20 + len(GPUS) + 2) + 4
+        # The GPU hand-off's kernels: one-shot for the small calls, two-shot above.
+        assert outcome.result["all_reduce_algorithms"] == ["direct", "one-shot"], outcome.result
     print(json.dumps(outcomes[0].result))
 
 
@@ -33,6 +35,9 @@ def test_cuda_collectives_host_handoff(tmp_path):
         assert outcome.result["mismatches"] == [], outcome.result
         assert outcome.result["hands_off_on_gpu"] is False
         assert outcome.result["checked"] == 7 * (20 + len(GPUS) + 2) + 4
+        # The engine's host hand-off ran them (no host copies in Python):
+        # one-shot for the small calls, the ring above.
+        assert outcome.result["all_reduce_algorithms"] == ["one-shot", "ring"], outcome.result
     print(json.dumps(outcomes[0].result))
 
 

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use pcieipc::engine::cuda::cudarc::driver::CudaGraph;
-use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, PeerRead};
+use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, GpuCall, PeerRead};
 use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
 pub trait Collective {
@@ -245,7 +245,7 @@ impl Collective for CudaCommunicator {
         output: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> anyhow::Result<()> {
-        Ok(CudaCommunicator::all_reduce(self, input, output, op)?)
+        Ok(self.run(GpuCall::all_reduce(input, output, op))?)
     }
 
     fn all_reduce_in_place<T: Element + Default>(
@@ -253,20 +253,17 @@ impl Collective for CudaCommunicator {
         buffer: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> anyhow::Result<()> {
-        Ok(CudaCommunicator::all_reduce_in_place(self, buffer, op)?)
+        Ok(self.run(GpuCall::all_reduce_in_place(buffer, op))?)
     }
 
+    // On the host hand-off `queue` returns with the call done.
     fn queue_all_reduce<T: Element + Default>(
         &mut self,
         input: &DeviceBuffer<T>,
         output: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> anyhow::Result<()> {
-        if !self.hands_off_on_gpu() {
-            return Collective::all_reduce(self, input, output, op);
-        }
-        let stream = self.gpu().stream_handle();
-        Ok(self.all_reduce_on_stream(input, output, op, &stream)?)
+        Ok(self.queue(GpuCall::all_reduce(input, output, op))?)
     }
 
     fn queue_all_reduce_in_place<T: Element + Default>(
@@ -274,11 +271,7 @@ impl Collective for CudaCommunicator {
         buffer: &mut DeviceBuffer<T>,
         op: ReduceOp,
     ) -> anyhow::Result<()> {
-        if !self.hands_off_on_gpu() {
-            return Collective::all_reduce_in_place(self, buffer, op);
-        }
-        let stream = self.gpu().stream_handle();
-        Ok(self.all_reduce_in_place_on_stream(buffer, op, &stream)?)
+        Ok(self.queue(GpuCall::all_reduce_in_place(buffer, op))?)
     }
 
     fn wait_queued(&mut self) -> anyhow::Result<()> {

@@ -17,11 +17,12 @@ use engine_support::{
     assert_only_victim_killed, describe, role, run_ranks, spawn_ranks, wait_ranks, Role,
 };
 use pcieipc::engine::cuda::{
-    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, Handoff, PeerRead, PeerToPeer,
+    CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, GpuCall, Handoff, PeerRead,
+    PeerToPeer,
 };
 use pcieipc::engine::{
-    bf16, f16, Algorithm, AlgorithmChoice, CommOptions, Communicator, DType, Element, EngineError,
-    ReduceOp, SEGMENT_NAME,
+    bf16, f16, Algorithm, AlgorithmChoice, CallKind, CommOptions, Communicator, DType, Element,
+    EngineError, ReduceOp, SEGMENT_NAME,
 };
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -145,10 +146,10 @@ fn check_one<T: TestElement>(
     let gpu = comm.gpu().clone();
     let input = DeviceBuffer::from_host(&gpu, &host).map_err(|e| e.to_string())?;
     let mut output = DeviceBuffer::<T>::zeroed(&gpu, count).map_err(|e| e.to_string())?;
-    comm.all_reduce(&input, &mut output, op)
+    comm.run(GpuCall::all_reduce(&input, &mut output, op))
         .map_err(|e| e.to_string())?;
     let mut in_place = DeviceBuffer::from_host(&gpu, &host).map_err(|e| e.to_string())?;
-    comm.all_reduce_in_place(&mut in_place, op)
+    comm.run(GpuCall::all_reduce_in_place(&mut in_place, op))
         .map_err(|e| e.to_string())?;
     let untouched = input.to_host().map_err(|e| e.to_string())?;
     if untouched != host {
@@ -403,7 +404,8 @@ fn registered_input_is_read_in_place_by_the_peers() {
             let mut output = DeviceBuffer::<i32>::zeroed(&gpu, count).unwrap();
             comm.register(&input).unwrap();
             for round in 0..3 {
-                comm.all_reduce(&input, &mut output, ReduceOp::Sum).unwrap();
+                comm.run(GpuCall::all_reduce(&input, &mut output, ReduceOp::Sum))
+                    .unwrap();
                 let got = output.to_host().unwrap();
                 for (index, got) in got.into_iter().enumerate() {
                     assert_eq!(
@@ -454,7 +456,8 @@ fn a_dropped_registered_buffer_stays_allocated_until_deregistered() {
                 role.rank
             );
             let mut ones = DeviceBuffer::<f32>::from_host(&gpu, &vec![1.0; count]).unwrap();
-            comm.all_reduce_in_place(&mut ones, ReduceOp::Sum).unwrap();
+            comm.run(GpuCall::all_reduce_in_place(&mut ones, ReduceOp::Sum))
+                .unwrap();
             assert!(ones
                 .to_host()
                 .unwrap()
@@ -474,7 +477,7 @@ fn mismatched_counts_are_reported_by_every_rank() {
             let mut comm = join(&role, "mismatch", options(AlgorithmChoice::Auto));
             let gpu = comm.gpu().clone();
             let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, 1000 + role.rank).unwrap();
-            match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+            match comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum)) {
                 Err(EngineError::MismatchedCall { peer, .. }) => assert_eq!(peer, 1 - role.rank),
                 other => panic!("rank {}: expected a mismatch, got {other:?}", role.rank),
             }
@@ -510,7 +513,7 @@ fn killed_rank_is_named_by_the_others() {
         }
         let (error, waited) = loop {
             let started = Instant::now();
-            if let Err(error) = comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+            if let Err(error) = comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum)) {
                 break (error, started.elapsed());
             }
         };
@@ -614,7 +617,7 @@ fn a_thousand_communicators(test: &str, cuda_options: CudaOptions) {
             .unwrap();
             let mut comm = comm;
             let mut buffer = DeviceBuffer::<f32>::from_host(&gpu, &[1.0; 1000]).unwrap();
-            comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum)
+            comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum))
                 .unwrap();
             assert_eq!(buffer.to_host().unwrap()[999], role.nranks as f32);
             comm.init_time()
@@ -824,7 +827,7 @@ fn stream_order_and_graph_replay_with(role: Role, options: fn(AlgorithmChoice) -
     };
     let inputs = upload(0);
     for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
-        comm.all_reduce_on_stream(input, output, ReduceOp::Sum, &stream)
+        comm.queue(GpuCall::all_reduce(input, output, ReduceOp::Sum).on_stream(&stream))
             .unwrap();
     }
     stream.synchronize().unwrap();
@@ -840,7 +843,7 @@ fn stream_order_and_graph_replay_with(role: Role, options: fn(AlgorithmChoice) -
         )
         .unwrap();
     for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
-        comm.all_reduce_on_stream(input, output, ReduceOp::Sum, &stream)
+        comm.queue(GpuCall::all_reduce(input, output, ReduceOp::Sum).on_stream(&stream))
             .unwrap();
     }
     let graph = stream
@@ -907,7 +910,7 @@ fn gpu_handoff_killed_rank_is_named_at_once() {
         }
         let (error, waited) = loop {
             let started = Instant::now();
-            if let Err(error) = comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+            if let Err(error) = comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum)) {
                 break (error, started.elapsed());
             }
         };
@@ -924,7 +927,7 @@ fn gpu_handoff_killed_rank_is_named_at_once() {
         }
         // Refused from now on, at once, with the same error.
         let started = Instant::now();
-        match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+        match comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum)) {
             Err(EngineError::PeerDied { rank, .. }) => assert_eq!(rank, VICTIM),
             other => panic!("a later call: {other:?}"),
         }
@@ -940,7 +943,9 @@ fn gpu_handoff_killed_rank_is_named_at_once() {
         )
         .unwrap();
         let mut ones = DeviceBuffer::<f32>::from_host(&gpu, &[1.0; 4096]).unwrap();
-        alone.all_reduce_in_place(&mut ones, ReduceOp::Sum).unwrap();
+        alone
+            .run(GpuCall::all_reduce_in_place(&mut ones, ReduceOp::Sum))
+            .unwrap();
         assert_eq!(ones.to_host().unwrap(), vec![1.0; 4096]);
         return;
     }
@@ -974,7 +979,7 @@ fn gpu_handoff_silent_rank_is_named_at_the_timeout() {
             let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, 1024).unwrap();
             let started = Instant::now();
             let error = comm
-                .all_reduce_in_place(&mut buffer, ReduceOp::Sum)
+                .run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum))
                 .expect_err("the silent rank never called");
             let waited = started.elapsed();
             assert!(
@@ -1023,7 +1028,7 @@ fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cuda
         let input: Vec<f32> = (0..nranks * count).map(|i| value(rank, i) as f32).collect();
         let input = DeviceBuffer::from_host(&gpu, &input).unwrap();
         let mut output = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
-        comm.reduce_scatter(&input, &mut output, ReduceOp::Sum)
+        comm.run(GpuCall::reduce_scatter(&input, &mut output, ReduceOp::Sum))
             .unwrap();
         let got = output.to_host().unwrap();
         if let Some(i) = (0..count).find(|&i| {
@@ -1041,7 +1046,7 @@ fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cuda
             .collect();
         let input = DeviceBuffer::from_host(&gpu, &mine).unwrap();
         let mut output = DeviceBuffer::<i32>::zeroed(&gpu, nranks * count).unwrap();
-        comm.all_gather(&input, &mut output).unwrap();
+        comm.run(GpuCall::all_gather(&input, &mut output)).unwrap();
         if output.to_host().unwrap() != want {
             failures.push(format!("all_gather count {count}: wrong"));
         }
@@ -1049,19 +1054,20 @@ fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cuda
         let mut staged = vec![0i32; nranks * count];
         staged[rank * count..][..count].copy_from_slice(&mine);
         let in_place = DeviceBuffer::from_host(&gpu, &staged).unwrap();
-        let stream = gpu.stream_handle();
         // SAFETY: `in_place` holds N·count i32s; this rank's part starts at
         // rank·count, and the wait below ends the call before it drops.
-        unsafe {
-            comm.all_gather_raw(
+        let call = unsafe {
+            GpuCall::from_raw(
+                CallKind::AllGather,
+                DType::I32,
+                ReduceOp::Sum,
+                count,
                 in_place.address() + (rank * count * 4) as u64,
                 in_place.address(),
-                count,
-                DType::I32,
-                &stream,
+                0,
             )
-        }
-        .unwrap();
+        };
+        comm.queue(call).unwrap();
         comm.wait_for_gpu().unwrap();
         if in_place.to_host().unwrap() != want {
             failures.push(format!("all_gather in place, count {count}: wrong"));
@@ -1075,7 +1081,7 @@ fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cuda
                     .collect::<Vec<u8>>(),
             )
             .unwrap();
-            comm.broadcast(&mut bytes, root).unwrap();
+            comm.run(GpuCall::broadcast(&mut bytes, root)).unwrap();
             if bytes.to_host().unwrap()
                 != (0..count)
                     .map(|i| (i * 3 + root) as u8)
@@ -1090,7 +1096,7 @@ fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cuda
                     .collect::<Vec<f64>>(),
             )
             .unwrap();
-            comm.broadcast(&mut wide, root).unwrap();
+            comm.run(GpuCall::broadcast(&mut wide, root)).unwrap();
             if wide.to_host().unwrap()
                 != (0..count)
                     .map(|i| value(root, i) + 0.5)
@@ -1106,7 +1112,8 @@ fn other_collectives_handed_off(role: Role, options: fn(AlgorithmChoice) -> Cuda
         failures.len(),
         failures.join("\n")
     );
-    match comm.broadcast(&mut DeviceBuffer::<u8>::zeroed(&gpu, 4).unwrap(), nranks) {
+    let mut bytes = DeviceBuffer::<u8>::zeroed(&gpu, 4).unwrap();
+    match comm.run(GpuCall::broadcast(&mut bytes, nranks)) {
         Err(EngineError::RootOutOfRange { root, .. }) => assert_eq!(root, nranks),
         other => panic!("root {nranks} of {nranks}: {other:?}"),
     }
@@ -1161,7 +1168,7 @@ fn traced_calls(role: Role) {
         let input = DeviceBuffer::from_host(&gpu, &vec![1.0f32; 1 << 20]).unwrap();
         let mut output = DeviceBuffer::<f32>::zeroed(&gpu, 1 << 20).unwrap();
         for _ in 0..CALLS {
-            comm.all_reduce_on_stream(&input, &mut output, ReduceOp::Sum, &stream)
+            comm.queue(GpuCall::all_reduce(&input, &mut output, ReduceOp::Sum).on_stream(&stream))
                 .unwrap();
         }
         stream.synchronize().unwrap();
@@ -1196,7 +1203,7 @@ fn traced_calls(role: Role) {
         let gpu = comm.gpu().clone();
         let mut buffer = DeviceBuffer::from_host(&gpu, &vec![1.0f32; 4096]).unwrap();
         for _ in 0..3 {
-            comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum)
+            comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum))
                 .unwrap();
         }
     }
@@ -1245,7 +1252,7 @@ fn mismatched_calls_handed_off(role: Role) {
         let count = 1000 + role.rank;
         let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
         let started = Instant::now();
-        match comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum) {
+        match comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum)) {
             Err(EngineError::MismatchedCall {
                 rank,
                 call,
@@ -1269,7 +1276,7 @@ fn mismatched_calls_handed_off(role: Role) {
         );
         // Every later call is refused with the same error.
         assert!(matches!(
-            comm.all_reduce_in_place(&mut buffer, ReduceOp::Sum),
+            comm.run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum)),
             Err(EngineError::MismatchedCall { .. })
         ));
     }

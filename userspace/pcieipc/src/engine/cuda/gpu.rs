@@ -1,66 +1,15 @@
 //! One GPU as a rank uses it: its context, the stream every collective runs
-//! on, the event the host sleeps on, and device buffers that other processes
-//! can open (cuMemAlloc'd, so they carry legacy IPC handles).
+//! on, the event the host sleeps on, its compiled kernels, and the copies
+//! the collectives queue.
 
-use std::marker::PhantomData;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 
+use super::error::{driver_error, CudaError};
 use super::kernels::{Kernel, KernelCache};
-use crate::engine::{DType, Element, ReduceOp};
-
-/// A CUDA failure, with the GPU and the step it concerns.
-/// The name this backend's errors carry.
-pub const BACKEND: &str = "cuda";
-
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    #[error("the CUDA {library} library is not installed (searched the loader path: set LD_LIBRARY_PATH to the directory holding it)")]
-    LibraryMissing { library: &'static str },
-
-    #[error("GPU {ordinal}: {what}: {source}")]
-    Driver {
-        ordinal: usize,
-        what: &'static str,
-        #[source]
-        source: DriverError,
-    },
-
-    #[error("GPU {ordinal}: compiling the reduce kernels with NVRTC: {log}")]
-    Compile { ordinal: usize, log: String },
-
-    #[error("this communicator hands over on the host (ranks share a GPU, or the host hand-off was asked for): stream-ordered calls need the GPU hand-off")]
-    NoGpuHandoff,
-
-    #[error("the control plane's segment has no backend area of {bytes} bytes per rank for the GPU hand-off through host memory (its transport keeps its windows in device memory, or rank 0 asked for none)")]
-    NoHostExchange { bytes: usize },
-
-    #[error("GPU {ordinal}: stream {stream:#x} belongs to another CUDA context than this GPU's primary one")]
-    ForeignStream { ordinal: usize, stream: usize },
-
-    #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
-    BufferLength {
-        ordinal: usize,
-        what: &'static str,
-        got: usize,
-        expected: usize,
-    },
-}
-
-/// Turns a driver error on GPU `ordinal` during `what` into a `CudaError`.
-pub(crate) fn driver_error(
-    ordinal: usize,
-    what: &'static str,
-) -> impl FnOnce(DriverError) -> CudaError {
-    move |source| CudaError::Driver {
-        ordinal,
-        what,
-        source,
-    }
-}
+use crate::engine::{DType, ReduceOp};
 
 /// Whether libcuda and libnvrtc can be loaded; cudarc would panic on first use.
 fn check_libraries() -> Result<(), CudaError> {
@@ -170,7 +119,7 @@ impl Gpu {
     /// The kernels of `dtype` and `op`, compiled by NVRTC on first use and
     /// kept for the process's lifetime.
     pub(crate) fn kernel(&self, dtype: DType, op: ReduceOp) -> Result<Arc<Kernel>, CudaError> {
-        self.kernels.get(&self.ctx, dtype, op)
+        self.kernels.get(&self.ctx, self.multiprocessors, dtype, op)
     }
 
     /// Waits, asleep, until everything queued on the stream so far has run.
@@ -183,8 +132,18 @@ impl Gpu {
     /// wake-up costs 100–300 µs on a virtualised GPU, several times a small
     /// step's GPU time, so short waits are polled; long ones still sleep.
     pub(crate) fn finish_after_polling(&self, poll: Duration) -> Result<(), CudaError> {
+        self.finish_stream(&self.stream, poll)
+    }
+
+    /// Waits until everything queued on `stream` (of this context) so far
+    /// has run, as `finish_after_polling` does for the own stream.
+    pub(crate) fn finish_stream(
+        &self,
+        stream: &CudaStream,
+        poll: Duration,
+    ) -> Result<(), CudaError> {
         self.done
-            .record(&self.stream)
+            .record(stream)
             .map_err(self.driver("recording the completion event"))?;
         let started = Instant::now();
         while started.elapsed() < poll {
@@ -246,6 +205,25 @@ impl Gpu {
             .map_err(self.driver("waiting for every stream"))
     }
 
+    /// Makes `waiter` wait for the work queued on `after` so far, through
+    /// `event` (nothing when they are the same stream).
+    pub(crate) fn order(
+        &self,
+        event: &CudaEvent,
+        after: &Arc<CudaStream>,
+        waiter: &Arc<CudaStream>,
+    ) -> Result<(), CudaError> {
+        if Arc::ptr_eq(after, waiter) {
+            return Ok(());
+        }
+        event
+            .record(after)
+            .map_err(self.driver("recording an ordering event"))?;
+        waiter
+            .wait(event)
+            .map_err(self.driver("ordering one stream after another"))
+    }
+
     /// A new event (no timing) of this GPU's context.
     pub(crate) fn new_event(&self) -> Result<CudaEvent, CudaError> {
         self.ctx
@@ -288,324 +266,40 @@ impl Gpu {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(self.driver("queueing a device copy"))
     }
-}
 
-/// What the hand-off kernels report a failure in: pinned host memory the
-/// GPU writes (mapped into the device's address space) and the host reads
-/// without a copy. `word` is 0 or the failure; for a mismatched call,
-/// `calls` holds the peer's call and this rank's (two words each) and is
-/// written before `word`.
-#[repr(C)]
-struct Report {
-    word: u32,
-    _pad: u32,
-    calls: [u64; 4],
-}
-
-pub(crate) struct FailureReport {
-    gpu: Arc<Gpu>,
-    host: *mut Report,
-    device: u64,
-}
-
-// SAFETY: the report is process-wide pinned memory that the host touches only
-// through volatile reads and writes of whole words (`read`, `raise`,
-// `calls`); the GPU writes it too, and any value it holds is valid.
-unsafe impl Send for FailureReport {}
-// SAFETY: as above.
-unsafe impl Sync for FailureReport {}
-
-impl FailureReport {
-    /// A zeroed report.
-    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<FailureReport, CudaError> {
-        gpu.bind()?;
-        // SAFETY: a report's bytes of pinned memory, mapped into every
-        // context (DEVICEMAP, PORTABLE).
-        let host = unsafe {
-            result::malloc_host(
-                std::mem::size_of::<Report>(),
-                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-            )
-        }
-        .map_err(gpu.driver("allocating the host-mapped failure report"))?
-        .cast::<Report>();
-        // SAFETY: `host` is fresh, writable memory aligned for any type
-        // (cuMemHostAlloc returns page-aligned memory).
-        unsafe {
-            host.write_volatile(Report {
-                word: 0,
-                _pad: 0,
-                calls: [0; 4],
-            })
-        };
-        let mut device = 0;
-        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP.
-        let mapped =
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result();
-        let report = FailureReport {
-            gpu: gpu.clone(),
-            host,
-            device,
-        };
-        mapped.map_err(gpu.driver("mapping the failure report into the GPU"))?;
-        Ok(report)
-    }
-
-    /// The failure word's address on the GPU.
-    pub(crate) fn device_address(&self) -> u64 {
-        self.device
-    }
-
-    /// The calls' address on the GPU.
-    pub(crate) fn calls_device_address(&self) -> u64 {
-        self.device + std::mem::offset_of!(Report, calls) as u64
-    }
-
-    /// Sets the word from the host (a failure the kernels then see).
-    pub(crate) fn raise(&self, word: u32) {
-        // SAFETY: as in `read`; a whole-word volatile store.
-        unsafe { (&raw mut (*self.host).word).write_volatile(word) };
-    }
-
-    pub(crate) fn read(&self) -> u32 {
-        // SAFETY: `host` is live pinned memory (freed only in drop) that the
-        // GPU may write at any time: read it volatile.
-        unsafe { (&raw const (*self.host).word).read_volatile() }
-    }
-
-    /// The mismatched calls (the peer's, then this rank's), once `read`
-    /// has returned a mismatch: the kernel writes them before the word.
-    pub(crate) fn calls(&self) -> [u64; 4] {
-        // SAFETY: as in `read`; whole aligned words.
-        std::array::from_fn(|i| unsafe {
-            (&raw const (*self.host).calls)
-                .cast::<u64>()
-                .add(i)
-                .read_volatile()
-        })
-    }
-}
-
-impl Drop for FailureReport {
-    fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // Queued work may still write it: drain it first.
-            let _ = self.gpu.finish();
-            // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-            let _ = unsafe { result::free_host(self.host.cast()) };
-        }
-    }
-}
-
-/// Host memory this process already maps (a shared segment), pinned and
-/// mapped into the GPU's address space until dropped: kernels read and
-/// write it over PCIe.
-pub(crate) struct HostRegistration {
-    gpu: Arc<Gpu>,
-    host: *mut u8,
-    device: u64,
-}
-
-// SAFETY: the registration only holds addresses; the host memory belongs to
-// whoever registered it, and the context is bound before every use.
-unsafe impl Send for HostRegistration {}
-
-impl HostRegistration {
-    /// Registers `bytes` at `host` (page aligned) with the GPU.
-    ///
-    /// # Safety
-    ///
-    /// `host` starts `bytes` of memory mapped in this process that stay
-    /// mapped until the registration is dropped.
-    pub(crate) unsafe fn new(
-        gpu: &Arc<Gpu>,
-        host: NonNull<u8>,
-        bytes: usize,
-    ) -> Result<HostRegistration, CudaError> {
-        gpu.bind()?;
-        let host = host.as_ptr();
-        // SAFETY: the caller's promise: `bytes` mapped at `host` that outlive
-        // the registration, which unregisters them in drop.
-        unsafe {
-            sys::cuMemHostRegister_v2(
-                host.cast(),
-                bytes,
-                sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-        }
-        .result()
-        .map_err(gpu.driver("registering shared host memory with the GPU"))?;
-        // Built before the next call can fail, so that a failure unregisters.
-        let mut registration = HostRegistration {
-            gpu: gpu.clone(),
-            host,
-            device: 0,
-        };
-        // SAFETY: `host` was just registered with DEVICEMAP.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut registration.device, host.cast(), 0) }
-            .result()
-            .map_err(gpu.driver("mapping shared host memory into the GPU"))?;
-        Ok(registration)
-    }
-
-    /// The memory's address on the GPU.
-    pub(crate) fn device_address(&self) -> u64 {
-        self.device
-    }
-}
-
-impl Drop for HostRegistration {
-    fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // Queued kernels may still touch it: drain them first.
-            let _ = self.gpu.synchronize();
-            // SAFETY: registered in `new`, unregistered once.
-            let _ = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
-        }
-    }
-}
-
-/// A block of device memory from cuMemAlloc, freed when the last holder
-/// drops it: its buffer, and a registration that peers map (so a buffer
-/// dropped while registered stays allocated, and its address cannot be
-/// reused, until it is deregistered).
-pub(crate) struct Allocation {
-    gpu: Arc<Gpu>,
-    ptr: sys::CUdeviceptr,
-}
-
-// SAFETY: a device address plus an owned allocation; the context it belongs
-// to is bound before every use.
-unsafe impl Send for Allocation {}
-// SAFETY: as above; `&Allocation` only reads the address.
-unsafe impl Sync for Allocation {}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        // A failure here leaves nothing to recover: the context is going away
-        // or already broken, and the driver reclaims the block with it.
-        if self.gpu.bind().is_ok() {
-            // Queued work that used the block is drained first.
-            let _ = self.gpu.synchronize();
-            // SAFETY: allocated by malloc_sync in this context, and no queued
-            // work uses it any more.
-            let _ = unsafe { result::free_sync(self.ptr) };
-        }
-    }
-}
-
-/// `len` elements of `T` in device memory allocated with cuMemAlloc, so that
-/// its IPC handle can be opened by the other ranks (registered buffers).
-pub struct DeviceBuffer<T> {
-    gpu: Arc<Gpu>,
-    allocation: Arc<Allocation>,
-    ptr: sys::CUdeviceptr,
-    len: usize,
-    _element: PhantomData<T>,
-}
-
-impl<T: Element> DeviceBuffer<T> {
-    /// A buffer of `len` zeroed elements on `gpu`.
-    pub fn zeroed(gpu: &Arc<Gpu>, len: usize) -> Result<DeviceBuffer<T>, CudaError> {
-        gpu.bind()?;
-        // cuMemAlloc refuses 0 bytes; an empty buffer still owns a small block.
-        let bytes = (len * std::mem::size_of::<T>()).max(1);
-        // SAFETY: a plain allocation in the bound context.
-        let ptr = unsafe { result::malloc_sync(bytes) }
-            .map_err(gpu.driver("allocating device memory"))?;
-        let buffer = DeviceBuffer {
-            gpu: gpu.clone(),
-            allocation: Arc::new(Allocation {
-                gpu: gpu.clone(),
-                ptr,
-            }),
-            ptr,
-            len,
-            _element: PhantomData,
-        };
-        // SAFETY: `bytes` bytes at `ptr` were just allocated; on the
-        // collectives' stream for the reason given at copy_from_host.
-        unsafe { result::memset_d8_async(ptr, 0, bytes, gpu.stream().cu_stream()) }
-            .map_err(gpu.driver("zeroing device memory"))?;
-        gpu.finish()?;
-        Ok(buffer)
-    }
-
-    /// A buffer holding a copy of `host`.
-    pub fn from_host(gpu: &Arc<Gpu>, host: &[T]) -> Result<DeviceBuffer<T>, CudaError> {
-        let mut buffer = DeviceBuffer::zeroed(gpu, host.len())?;
-        buffer.copy_from_host(host)?;
-        Ok(buffer)
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
-
-    // Copies go on the communicator's stream, not the legacy default one: a
+    // Host copies go on the own stream, not the legacy default one: a
     // synchronous cuMemcpyHtoD from pageable memory may return before its DMA
     // has landed, and the collectives' non-blocking stream does not wait
     // for the default stream.
-    pub fn copy_from_host(&mut self, host: &[T]) -> Result<(), CudaError> {
-        self.check_len("host source", host.len())?;
-        self.gpu.bind()?;
-        // SAFETY: `host` has exactly `len` elements and the allocation holds
-        // them; the driver stages pageable memory before returning, and the
-        // finish below waits for the copy to land.
-        unsafe { result::memcpy_htod_async(self.ptr, host, self.gpu.stream().cu_stream()) }
-            .map_err(self.gpu.driver("copying to the GPU"))?;
-        self.gpu.finish()
+
+    /// Copies `host` to the device address `dst`, in order with the own
+    /// stream's work, and waits for it to land.
+    ///
+    /// # Safety
+    ///
+    /// `dst` starts `host.len()` elements of `T` of device memory of this
+    /// context, alive until this returns.
+    pub(crate) unsafe fn upload<T>(&self, dst: u64, host: &[T]) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: the caller's promise for `dst`; the driver stages pageable
+        // memory before returning, and the finish below waits for the copy.
+        unsafe { result::memcpy_htod_async(dst, host, self.stream.cu_stream()) }
+            .map_err(self.driver("copying to the GPU"))?;
+        self.finish()
     }
 
-    pub fn copy_to_host(&self, host: &mut [T]) -> Result<(), CudaError> {
-        self.check_len("host destination", host.len())?;
-        self.gpu.bind()?;
-        // SAFETY: as in copy_from_host, in the other direction; `host` is
-        // not read until the finish below.
-        unsafe { result::memcpy_dtoh_async(host, self.ptr, self.gpu.stream().cu_stream()) }
-            .map_err(self.gpu.driver("copying from the GPU"))?;
-        self.gpu.finish()
-    }
-
-    pub fn to_host(&self) -> Result<Vec<T>, CudaError>
-    where
-        T: Default,
-    {
-        let mut host = vec![T::default(); self.len];
-        self.copy_to_host(&mut host)?;
-        Ok(host)
-    }
-
-    fn check_len(&self, what: &'static str, got: usize) -> Result<(), CudaError> {
-        if got != self.len {
-            return Err(CudaError::BufferLength {
-                ordinal: self.gpu.ordinal(),
-                what,
-                got,
-                expected: self.len,
-            });
-        }
-        Ok(())
-    }
-}
-
-impl<T> DeviceBuffer<T> {
-    /// The device address of element 0 (what `all_reduce_raw` and other
-    /// CUDA APIs take).
-    pub fn address(&self) -> u64 {
-        self.ptr
-    }
-
-    /// The allocation behind the buffer, to keep it alive past the buffer.
-    pub(crate) fn allocation(&self) -> Arc<Allocation> {
-        self.allocation.clone()
+    /// Copies `host.len()` elements of `T` at the device address `src` into
+    /// `host`, in order with the own stream's work.
+    ///
+    /// # Safety
+    ///
+    /// As `upload`, for `src`.
+    pub(crate) unsafe fn download<T>(&self, src: u64, host: &mut [T]) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: as in `upload`, in the other direction; `host` is not read
+        // until the finish below.
+        unsafe { result::memcpy_dtoh_async(host, src, self.stream.cu_stream()) }
+            .map_err(self.driver("copying from the GPU"))?;
+        self.finish()
     }
 }

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::gpu::{CudaError, Gpu};
+use super::error::CudaError;
+use super::gpu::Gpu;
 
 /// Words in an exported handle (i64: the control plane's all_gather moves
 /// the engine's element types, and the bits pass through unchanged).
@@ -34,6 +35,14 @@ pub(crate) fn export(gpu: &Gpu, address: u64) -> Result<[i64; HANDLE_WORDS], Cud
         *word = i64::from_ne_bytes(bytes);
     }
     Ok(words)
+}
+
+/// Rank `rank`'s handle in `handles`, every rank's in rank order (as the
+/// control plane's all_gather leaves them).
+pub(crate) fn handle_of(handles: &[i64], rank: usize) -> &[i64; HANDLE_WORDS] {
+    handles[rank * HANDLE_WORDS..][..HANDLE_WORDS]
+        .try_into()
+        .expect("HANDLE_WORDS words")
 }
 
 /// A peer's block opened in this process; closed on drop.

@@ -12,11 +12,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
-use super::gpu::{driver_error, CudaError, Gpu};
+use super::error::{driver_error, CudaError};
 use crate::engine::{DType, ReduceOp};
 
 /// Ranks the hand-off kernels serve (their exchange argument has a slot per
@@ -104,6 +104,21 @@ pub(crate) const HANDOFF_BLOCKS: usize = 64;
 pub(crate) const HANDOFF_HEADER_BYTES: usize = 2 * 2 * HANDOFF_MAX_RANKS * HANDOFF_BLOCKS * 8 * 3;
 const HANDOFF_THREADS: u32 = 512;
 
+/// `struct Segments` of the hand-off kernels, passed by value: where each
+/// rank's segment of a two-shot launch starts, in elements, then the
+/// launch's element count (rank r's segment is `start[r]..start[r + 1]`).
+/// The bounds come from `schedule` (the GPU hand-off's plan); the kernels
+/// compute none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SegmentsArg {
+    pub(crate) start: [u64; HANDOFF_MAX_RANKS + 1],
+}
+
+// SAFETY: `repr(C)` plain data laid out as the kernels' `struct Segments`
+// (HMAX + 1 u64s, no padding).
+unsafe impl DeviceRepr for SegmentsArg {}
+
 /// `struct Exchange` of the hand-off kernels, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -139,19 +154,25 @@ pub(crate) enum HandoffKernel {
 
 /// One hand-off launch: `elements` elements from `src` into `dst`; `stride`
 /// elements between ranks' segments (reduce-scatter's input, all-gather's
-/// output); `divide_by` for avg (else 0); the broadcast's root.
+/// output); the two-shot kernel's segments; `divide_by` for avg (else 0);
+/// the broadcast's root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct HandoffLaunch {
     pub(crate) kernel: HandoffKernel,
     pub(crate) dst: u64,
     pub(crate) src: u64,
     pub(crate) elements: usize,
     pub(crate) stride: usize,
+    pub(crate) segments: SegmentsArg,
     pub(crate) divide_by: u32,
     pub(crate) root: u32,
 }
 
-/// The kernels of one (element type, reduction).
+/// The kernels of one (element type, reduction), loaded on one GPU.
 pub(crate) struct Kernel {
+    ordinal: usize,
+    element_bytes: usize,
+    multiprocessors: u32,
     reduce: CudaFunction,
     one_shot: CudaFunction,
     handoff_one_shot: CudaFunction,
@@ -168,9 +189,12 @@ pub(crate) struct KernelCache {
 }
 
 impl KernelCache {
+    /// The kernels of `dtype` and `op` in `ctx` (a GPU of `multiprocessors`
+    /// multiprocessors), compiled on first use.
     pub(crate) fn get(
         &self,
         ctx: &Arc<CudaContext>,
+        multiprocessors: u32,
         dtype: DType,
         op: ReduceOp,
     ) -> Result<Arc<Kernel>, CudaError> {
@@ -203,6 +227,9 @@ impl KernelCache {
             .load_module(ptx)
             .map_err(driver("loading the reduce kernels"))?;
         let kernel = Arc::new(Kernel {
+            ordinal,
+            element_bytes: dtype.size_bytes(),
+            multiprocessors,
             reduce: module
                 .load_function("reduce")
                 .map_err(driver("finding the reduce kernel"))?,
@@ -230,30 +257,34 @@ impl KernelCache {
     }
 }
 
-fn launch_config(gpu: &Gpu, elements: usize, element_bytes: usize) -> LaunchConfig {
-    let per_thread = (16 / element_bytes).max(1);
-    let threads = elements.div_ceil(per_thread).max(1);
-    // Enough blocks to fill every multiprocessor a few times over; the
-    // kernels stride over the rest.
-    let blocks = threads
-        .div_ceil(THREADS_PER_BLOCK as usize)
-        .min(gpu.multiprocessors() as usize * 8)
-        .max(1);
-    LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (THREADS_PER_BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 impl Kernel {
-    /// Queues `dst[i]` (and `dst2[i]`) = `a[i]` op `b[i]` for `elements`
-    /// elements, divided by `divide_by` when it is not 0.
+    fn driver(&self, what: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+        driver_error(self.ordinal, what)
+    }
+
+    /// The grid of a reduce or one-shot launch over `elements` elements.
+    fn launch_config(&self, elements: usize) -> LaunchConfig {
+        let per_thread = (16 / self.element_bytes).max(1);
+        let threads = elements.div_ceil(per_thread).max(1);
+        // Enough blocks to fill every multiprocessor a few times over; the
+        // kernels stride over the rest.
+        let blocks = threads
+            .div_ceil(THREADS_PER_BLOCK as usize)
+            .min(self.multiprocessors as usize * 8)
+            .max(1);
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Queues on `stream` `dst[i]` (and `dst2[i]`) = `a[i]` op `b[i]` for
+    /// `elements` elements, divided by `divide_by` when it is not 0.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn reduce(
         &self,
-        gpu: &Gpu,
-        dtype: DType,
+        stream: &CudaStream,
         dst: u64,
         dst2: Option<u64>,
         a: u64,
@@ -265,8 +296,7 @@ impl Kernel {
             return Ok(());
         }
         let (dst2, n) = (dst2.unwrap_or(0), elements as u64);
-        let config = launch_config(gpu, elements, dtype.size_bytes());
-        let stream = gpu.stream();
+        let config = self.launch_config(elements);
         let mut launch = stream.launch_builder(&self.reduce);
         launch
             .arg(&dst)
@@ -278,15 +308,14 @@ impl Kernel {
         // SAFETY: the arguments match the kernel's signature (pointers as
         // 64-bit addresses); callers pass ranges of `elements` elements inside
         // live allocations that stay mapped until the stream drains.
-        unsafe { launch.launch(config) }.map_err(gpu.driver("launching the reduce kernel"))?;
+        unsafe { launch.launch(config) }.map_err(self.driver("launching the reduce kernel"))?;
         Ok(())
     }
 
-    /// Queues `dst[i]` = op over `sources[k][i]` in rank order.
+    /// Queues on `stream` `dst[i]` = op over `sources[k][i]` in rank order.
     pub(crate) fn one_shot(
         &self,
-        gpu: &Gpu,
-        dtype: DType,
+        stream: &CudaStream,
         dst: u64,
         sources: &[u64],
         elements: usize,
@@ -302,8 +331,7 @@ impl Kernel {
         let mut p = [0u64; ONE_SHOT_MAX_RANKS];
         p[..sources.len()].copy_from_slice(sources);
         let (nranks, n) = (sources.len() as u32, elements as u64);
-        let config = launch_config(gpu, elements, dtype.size_bytes());
-        let stream = gpu.stream();
+        let config = self.launch_config(elements);
         let mut launch = stream.launch_builder(&self.one_shot);
         launch.arg(&dst);
         for source in &p {
@@ -311,17 +339,14 @@ impl Kernel {
         }
         launch.arg(&nranks).arg(&n).arg(&divide_by);
         // SAFETY: as in `reduce`; unused source slots are never read.
-        unsafe { launch.launch(config) }.map_err(gpu.driver("launching the one-shot kernel"))?;
+        unsafe { launch.launch(config) }.map_err(self.driver("launching the one-shot kernel"))?;
         Ok(())
     }
-}
 
-impl Kernel {
     /// Queues one hand-off launch on `stream`, `blocks` blocks (the same on
     /// every rank).
     pub(crate) fn handoff(
         &self,
-        gpu: &Gpu,
         launch: &HandoffLaunch,
         stream: &CudaStream,
         blocks: u32,
@@ -354,13 +379,14 @@ impl Kernel {
             .arg(&stride)
             .arg(&divide_by)
             .arg(&root)
+            .arg(&launch.segments)
             .arg(exchange);
         // SAFETY: the arguments match the kernels' common signature; `dst`
         // and `src` hold what the kernel reads and writes (the caller's
         // promise: `HandoffLaunch`), and the
         // exchange blocks and the error word stay mapped while the
         // communicator lives, which drains its launches before it goes.
-        unsafe { builder.launch(config) }.map_err(gpu.driver("launching a hand-off kernel"))?;
+        unsafe { builder.launch(config) }.map_err(self.driver("launching a hand-off kernel"))?;
         Ok(())
     }
 }

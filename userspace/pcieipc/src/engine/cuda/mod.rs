@@ -1,25 +1,44 @@
-//! The CUDA backend: all_reduce of GPU buffers between ranks in separate
-//! processes, through CUDA IPC and peer-to-peer reduce kernels. Its steps
-//! come from `schedule`, its host control plane is a host `Communicator`,
-//! and its errors reach callers as the engine's transport errors (named
-//! `cuda`). docs/engine.md has the design and the measurements.
+//! The CUDA backend: collectives of GPU buffers between ranks in separate
+//! processes, through CUDA IPC and peer-to-peer kernels. Its steps and
+//! segments come from `schedule`, its host control plane is a host
+//! `Communicator`, and its errors reach callers as the engine's transport
+//! errors (named `cuda`). docs/engine.md has the design and the
+//! measurements.
+//!
+//! Layers, each importing only those above it:
+//!
+//! - `error`, `kernels` (the NVRTC-compiled CUDA C of `kernels/*.cu`),
+//!   `gpu` (a context, its stream and kernels), `memory`, `ipc`,
+//!   `tracing`, `options`, `call` (`GpuCall`, one call's description),
+//!   `agreement` (steps every rank must agree on);
+//! - `staging` and `registration`: the memory peers read;
+//! - `host_handoff` and `gpu_handoff`: the two ways ranks hand over;
+//! - `communicator` (the façade: the public API) and `init`.
 
-mod collective;
+mod agreement;
+mod call;
 mod communicator;
+mod error;
 mod gpu;
-mod handoff;
+mod gpu_handoff;
+mod host_handoff;
+mod init;
 mod ipc;
 mod kernels;
-mod one_shot;
+mod memory;
+mod options;
 mod registration;
-mod ring;
+mod staging;
 mod tracing;
 
-pub use communicator::{CudaCommunicator, CudaOptions, DataPath, PeerRead, PeerToPeer};
+pub use call::GpuCall;
+pub use communicator::CudaCommunicator;
 /// cudarc itself, for graphs and the rest of the CUDA API around the
 /// stream-ordered calls, at the version this crate uses.
 pub use cudarc;
 /// The stream type stream-ordered calls take (cudarc's).
 pub use cudarc::driver::CudaStream;
-pub use gpu::{CudaError, DeviceBuffer, Gpu, BACKEND};
-pub use handoff::Handoff;
+pub use error::{CudaError, BACKEND};
+pub use gpu::Gpu;
+pub use memory::DeviceBuffer;
+pub use options::{CudaOptions, DataPath, Handoff, PeerRead, PeerToPeer};

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::gpu::{CudaError, Gpu};
+use super::error::CudaError;
+use super::gpu::Gpu;
 use crate::trace::{monotonic_ns, Arg, Recorder};
 
 /// A call's kernels, waiting for their events to be read.

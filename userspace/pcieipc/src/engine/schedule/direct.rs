@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use super::partition::{clip, part};
+use super::partition::{clip, part, part_aligned};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Direct {
@@ -19,6 +19,14 @@ impl Direct {
     /// The segment `rank` reduces, and later every other rank reads from it.
     pub fn owned(&self, rank: usize) -> Range<usize> {
         part(self.count, self.nranks, rank)
+    }
+
+    /// The segment `rank` owns when segments are cut in whole groups of
+    /// `align` elements (`part_aligned`): the GPU hand-off's two-shot
+    /// all_reduce cuts them in 16-byte vectors, which its kernels copy and
+    /// reduce whole. `align` 1 is [`owned`](Self::owned).
+    pub fn owned_aligned(&self, rank: usize, align: usize) -> Range<usize> {
+        part_aligned(self.count, self.nranks, rank, align)
     }
 
     /// `rank`'s segment in pieces of `piece_elements`, each read from every
@@ -58,5 +66,20 @@ mod tests {
             nranks: 3,
         };
         assert_eq!(empty.pieces(2, 4).count(), 0);
+    }
+
+    #[test]
+    fn aligned_segments_are_whole_groups_but_the_last() {
+        let direct = Direct {
+            count: 4099,
+            nranks: 3,
+        };
+        // 1025 vectors of 4: 342, 342 and 341 of them, the last one short.
+        assert_eq!(direct.owned_aligned(0, 4), 0..1368);
+        assert_eq!(direct.owned_aligned(1, 4), 1368..2736);
+        assert_eq!(direct.owned_aligned(2, 4), 2736..4099);
+        for rank in 0..3 {
+            assert_eq!(direct.owned_aligned(rank, 1), direct.owned(rank));
+        }
     }
 }

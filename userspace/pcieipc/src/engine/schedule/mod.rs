@@ -18,5 +18,5 @@ pub use algorithm::{select, Algorithm, AlgorithmChoice, Limits, UnknownAlgorithm
 pub use broadcast::Chain;
 pub use direct::Direct;
 pub use one_shot::OneShot;
-pub use partition::{clip, part};
+pub use partition::{clip, part, part_aligned};
 pub use ring::{Ring, RingKind, StepRole};

@@ -82,7 +82,7 @@ extern "C" __global__ void one_shot(S* dst, const S* p0, const S* p1, const S* p
     }
 }
 
-// ---- GPU-side hand-off (handoff.rs): one launch per call, ranks meet on the
+// ---- GPU-side hand-off (gpu_handoff/): one launch per window, ranks meet on the
 // GPU through flags in each other's exchange blocks, never on the host.
 //
 // A rank's exchange block (device memory, or pinned host memory when there is
@@ -122,12 +122,20 @@ __device__ __forceinline__ u64* call_at(u64 block_base, unsigned phase, unsigned
     return (u64*)(block_base + FLAG_BYTES) + (((phase * 2 + parity) * HMAX + sender) * HBLOCKS + block) * 2;
 }
 
+// Where each rank's segment of a two-shot launch starts, in elements, then
+// the launch's n: rank r's segment is [start[r], start[r + 1]). The host
+// takes the bounds from its schedule (whole vectors: gpu_handoff/plan.rs)
+// and passes them; no kernel computes segment bounds.
+struct Segments {
+    u64 start[HMAX + 1];
+};
+
 struct Exchange {
     u64 base[HMAX];      // each rank's exchange block as mapped here (own included)
     u64 window;          // bytes of one inbox or result slot
     unsigned rank, nranks;
     u64 timeout_ns;
-    volatile unsigned* error;  // host-mapped: 0, or what failed (handoff.rs)
+    volatile unsigned* error;  // host-mapped: 0, or what failed (gpu_handoff/report.rs)
     volatile u64* epochs;      // [HBLOCKS] launch counters, this rank's device memory
     u64 call[2];               // this call's descriptor, carried by every flag
     volatile u64* calls;       // host-mapped: a mismatch's calls, the peer's then ours
@@ -311,9 +319,9 @@ __device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchan
 // out[i] = op over every rank's in[i] in rank order (as `one_shot`):
 // each rank pushes its input into every peer's inbox, then reduces its own
 // inbox. For messages up to one window.
-// Every hand-off kernel takes (out, in, n, stride, div, root, x); each uses
-// what it needs of them.
-extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+// Every hand-off kernel takes (out, in, n, stride, div, root, seg, x); each
+// uses what it needs of them.
+extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Segments seg, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     u64 start, end;
@@ -328,29 +336,24 @@ extern "C" __global__ void __launch_bounds__(512) handoff_one_shot(S* out, const
     finish(x, epoch);
 }
 
-// Segment k of n elements: [seg_start(k), seg_start(k + 1)), whole vectors.
-__device__ __forceinline__ u64 seg_start(u64 n, unsigned nranks, unsigned k) {
-    u64 vectors = (n + VEC - 1) / VEC, per = (vectors + nranks - 1) / nranks;
-    return min(n, (u64)k * per * VEC);
-}
-
-// Two-shot: rank s owns segment s. Each rank pushes segment s of its input
-// into owner s's inbox; the owner reduces its segment (rank order), writes it
-// to its output and pushes it into every peer's results; each rank copies the
-// others' results into its output. For segments up to one window.
-extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+// Two-shot: rank s owns segment s, [seg.start[s], seg.start[s + 1]). Each
+// rank pushes segment s of its input into owner s's inbox; the owner reduces
+// its segment (rank order), writes it to its output and pushes it into every
+// peer's results; each rank copies the others' results into its output. For
+// segments up to one window.
+extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Segments seg, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     for (unsigned owner = 0; owner < x.nranks; owner++) {
         if (owner == x.rank) continue;
-        u64 base = seg_start(n, x.nranks, owner), len = seg_start(n, x.nranks, owner + 1) - base;
+        u64 base = seg.start[owner], len = seg.start[owner + 1] - base;
         u64 start, end;
         share(len, &start, &end);
         copy_share(inbox(x, owner, parity, x.rank), (const char*)(in + base), start, end);
         signal(x, epoch, owner, 0);
     }
     if (!await_peers(x, epoch, 0)) return;
-    u64 mine = seg_start(n, x.nranks, x.rank), len = seg_start(n, x.nranks, x.rank + 1) - mine;
+    u64 mine = seg.start[x.rank], len = seg.start[x.rank + 1] - mine;
     u64 start, end;
     share(len, &start, &end);
     S* reduced = out + mine;
@@ -364,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const
     if (!await_peers(x, epoch, 1)) return;
     for (unsigned owner = 0; owner < x.nranks; owner++) {
         if (owner == x.rank) continue;
-        u64 base = seg_start(n, x.nranks, owner), len = seg_start(n, x.nranks, owner + 1) - base;
+        u64 base = seg.start[owner], len = seg.start[owner + 1] - base;
         u64 start, end;
         share(len, &start, &end);
         copy_share((char*)(out + base), results(x, x.rank, parity, owner), start, end);

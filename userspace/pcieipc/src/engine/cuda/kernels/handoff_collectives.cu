@@ -2,7 +2,7 @@
 // compiled after common.cu (whose hand-off section they use).
 // reduce_scatter: out[i] = op over every rank's in[rank * stride + i], in
 // rank order, i < n. Segment s of the input goes to owner s's inbox.
-extern "C" __global__ void __launch_bounds__(512) handoff_reduce_scatter(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+extern "C" __global__ void __launch_bounds__(512) handoff_reduce_scatter(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Segments seg, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     u64 start, end;
@@ -20,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_reduce_scatter(S* out,
 // all_gather: out[r * stride + i] = rank r's in[i], i < n. Each rank pushes
 // its input into every peer's result slot (in place when in is its own
 // part of out).
-extern "C" __global__ void __launch_bounds__(512) handoff_all_gather(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+extern "C" __global__ void __launch_bounds__(512) handoff_all_gather(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Segments seg, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     u64 start, end;
@@ -45,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_all_gather(S* out, con
 // this launch, and waits to hear the same: a rank's next launches rewrite
 // peers' slots only once those peers are done with the launch before this one
 // (the root alone waiting for nobody would break that).
-extern "C" __global__ void __launch_bounds__(512) handoff_broadcast(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Exchange x) {
+extern "C" __global__ void __launch_bounds__(512) handoff_broadcast(S* out, const S* in, u64 n, u64 stride, unsigned div, unsigned root, Segments seg, Exchange x) {
     u64 epoch = begin(x);
     unsigned parity = epoch & 1;
     u64 start, end;

@@ -1,0 +1,255 @@
+//! What a call on the GPU hand-off launches, from `schedule`: the algorithm
+//! (`schedule::select` under the hand-off's limits), the window-sized pieces
+//! the call is launched in (`schedule::clip`), and the two-shot segments
+//! each rank owns (`schedule::Direct`, cut in the kernels' 16-byte vectors),
+//! passed to the kernels as arguments. Pure arithmetic: no GPU.
+
+use crate::engine::cuda::call::GpuCall;
+use crate::engine::cuda::kernels::{HandoffKernel, HandoffLaunch, SegmentsArg, HANDOFF_MAX_RANKS};
+use crate::engine::schedule::{self, clip, Direct, Limits};
+use crate::engine::{Algorithm, AlgorithmChoice, CallKind, ReduceOp};
+
+/// The kernels' vector: copies and reductions move whole 16-byte vectors
+/// where every pointer is aligned, so a segment that starts on a vector
+/// boundary of the buffer keeps them.
+const VECTOR_BYTES: usize = 16;
+
+/// What bounds the hand-off's automatic all_reduce choice: one-shot while
+/// the message fits the one-shot budget (`one_shot_bytes`) and one window,
+/// direct (two-shot) above: the hand-off has no ring. Each rank pushes a
+/// one-shot message to every peer at once, so the budget is per peer: the
+/// read budget is N − 1 times it.
+pub(super) fn limits(one_shot_bytes: usize, window: usize, nranks: usize) -> Limits {
+    Limits {
+        one_shot_read_budget: one_shot_bytes.min(window) * nranks.saturating_sub(1).max(1),
+        one_shot_max_ranks: HANDOFF_MAX_RANKS,
+        direct_messages: Some(0..=usize::MAX),
+    }
+}
+
+/// The algorithm a call of `kind` and `bytes` takes among `nranks` ranks:
+/// for all_reduce `schedule::select`'s choice, for reduce_scatter and
+/// all_gather the two-shot kernel's phases (direct), for broadcast one push
+/// (one-shot).
+pub(super) fn algorithm(
+    kind: CallKind,
+    bytes: usize,
+    nranks: usize,
+    choice: AlgorithmChoice,
+    limits: &Limits,
+) -> Algorithm {
+    match kind {
+        CallKind::AllReduce => schedule::select(choice, bytes, nranks, limits),
+        CallKind::ReduceScatter | CallKind::AllGather => Algorithm::Direct,
+        CallKind::Broadcast => Algorithm::OneShot,
+    }
+}
+
+/// The launches that carry `call`, moved by `algorithm` among `nranks`
+/// ranks through slots of `window` bytes, in order: one per window-sized
+/// piece (for two-shot, N windows of whole vectors, each rank's segment of
+/// the piece in one window).
+pub(super) fn launches(
+    call: &GpuCall,
+    algorithm: Algorithm,
+    nranks: usize,
+    window: usize,
+) -> Vec<HandoffLaunch> {
+    let element = call.dtype.size_bytes();
+    let vector = VECTOR_BYTES / element;
+    let (kernel, piece, stride) = match (call.kind, algorithm) {
+        (CallKind::AllReduce, Algorithm::OneShot) => (HandoffKernel::OneShot, window / element, 0),
+        (CallKind::AllReduce, Algorithm::Direct) => (
+            HandoffKernel::TwoShot,
+            window / VECTOR_BYTES * nranks * vector,
+            0,
+        ),
+        (CallKind::AllReduce, Algorithm::Ring) => {
+            unreachable!("init keeps the ring on the host hand-off")
+        }
+        (CallKind::ReduceScatter, _) => {
+            (HandoffKernel::ReduceScatter, window / element, call.count)
+        }
+        (CallKind::AllGather, _) => (HandoffKernel::AllGather, window / element, call.count),
+        (CallKind::Broadcast, _) => (HandoffKernel::Broadcast, window / element, 0),
+    };
+    let divide_by = if call.op == ReduceOp::Avg {
+        nranks as u32
+    } else {
+        0
+    };
+    let whole = 0..call.count;
+    (0..call.count.div_ceil(piece))
+        .map(|index| {
+            let range = clip(&whole, index, piece);
+            let offset = (range.start * element) as u64;
+            HandoffLaunch {
+                kernel,
+                dst: call.output + offset,
+                src: call.input + offset,
+                elements: range.len(),
+                stride,
+                segments: match kernel {
+                    HandoffKernel::TwoShot => segments(range.len(), nranks, vector),
+                    _ => SegmentsArg::default(),
+                },
+                divide_by,
+                root: call.root as u32,
+            }
+        })
+        .collect()
+}
+
+/// Where each rank's segment of `count` elements starts (`Direct`'s
+/// segments in whole vectors of `vector` elements), then `count`.
+fn segments(count: usize, nranks: usize, vector: usize) -> SegmentsArg {
+    let direct = Direct { count, nranks };
+    SegmentsArg {
+        start: std::array::from_fn(|rank| {
+            if rank < nranks {
+                direct.owned_aligned(rank, vector).start as u64
+            } else {
+                count as u64
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::DType;
+
+    const ONE_SHOT_BYTES: usize = 256 << 10;
+
+    #[test]
+    fn auto_takes_one_shot_within_the_budget_and_a_window_and_direct_above() {
+        for nranks in 1..=HANDOFF_MAX_RANKS {
+            for window in [64 << 10, 1 << 20, 32 << 20] {
+                let limits = limits(ONE_SHOT_BYTES, window, nranks);
+                let largest = ONE_SHOT_BYTES.min(window);
+                for bytes in [0, 8, largest - 1, largest, largest + 1, 256 << 20] {
+                    let expected = if bytes <= largest {
+                        Algorithm::OneShot
+                    } else {
+                        Algorithm::Direct
+                    };
+                    let picked = algorithm(
+                        CallKind::AllReduce,
+                        bytes,
+                        nranks,
+                        AlgorithmChoice::Auto,
+                        &limits,
+                    );
+                    assert_eq!(
+                        picked, expected,
+                        "{bytes} B, {nranks} ranks, window {window}"
+                    );
+                }
+                for forced in [Algorithm::OneShot, Algorithm::Direct] {
+                    let picked = algorithm(
+                        CallKind::AllReduce,
+                        256 << 20,
+                        nranks,
+                        AlgorithmChoice::Fixed(forced),
+                        &limits,
+                    );
+                    assert_eq!(picked, forced);
+                }
+            }
+        }
+        let limits = limits(ONE_SHOT_BYTES, 1 << 20, 2);
+        let other = |kind| algorithm(kind, 8, 2, AlgorithmChoice::Auto, &limits);
+        assert_eq!(other(CallKind::ReduceScatter), Algorithm::Direct);
+        assert_eq!(other(CallKind::AllGather), Algorithm::Direct);
+        assert_eq!(other(CallKind::Broadcast), Algorithm::OneShot);
+    }
+
+    fn all_reduce(dtype: DType, count: usize) -> GpuCall<'static> {
+        // SAFETY: the addresses are never used: only the plan is computed.
+        unsafe {
+            GpuCall::from_raw(
+                CallKind::AllReduce,
+                dtype,
+                ReduceOp::Avg,
+                count,
+                0x1000_0000,
+                0x2000_0000,
+                0,
+            )
+        }
+    }
+
+    #[test]
+    fn two_shot_segments_tile_each_piece_in_whole_vectors_within_a_window() {
+        let window = 4096;
+        for dtype in DType::ALL {
+            let element = dtype.size_bytes();
+            let vector = VECTOR_BYTES / element;
+            for nranks in 1..=HANDOFF_MAX_RANKS {
+                for count in [1, 5, 37, 4099, nranks * window / element * 3 + 7] {
+                    let call = all_reduce(dtype, count);
+                    let launches = launches(&call, Algorithm::Direct, nranks, window);
+                    let mut covered = 0;
+                    for launch in &launches {
+                        assert_eq!(launch.kernel, HandoffKernel::TwoShot);
+                        assert_eq!(launch.src, 0x1000_0000 + (covered * element) as u64);
+                        assert_eq!(launch.dst, 0x2000_0000 + (covered * element) as u64);
+                        assert_eq!(launch.divide_by, nranks as u32);
+                        // Pieces after the first start on a vector.
+                        assert_eq!(covered % vector, 0);
+                        let start = &launch.segments.start;
+                        assert_eq!(start[0], 0);
+                        assert_eq!(start[nranks], launch.elements as u64);
+                        for rank in 0..nranks {
+                            let (from, to) = (start[rank] as usize, start[rank + 1] as usize);
+                            assert!(from <= to, "{dtype:?} {nranks} ranks {count}: {start:?}");
+                            assert!(to == launch.elements || to % vector == 0, "{start:?}");
+                            assert!((to - from) * element <= window, "{start:?}");
+                        }
+                        covered += launch.elements;
+                    }
+                    assert_eq!(covered, count, "{dtype:?} {nranks} ranks");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn other_calls_go_in_window_sized_pieces_with_their_stride() {
+        let window = 1 << 20;
+        // SAFETY: the addresses are never used.
+        let call = unsafe {
+            GpuCall::from_raw(
+                CallKind::AllGather,
+                DType::I32,
+                ReduceOp::Max,
+                3 * window / 4 + 5,
+                0,
+                0,
+                0,
+            )
+        };
+        let launches = launches(&call, Algorithm::Direct, 3, window);
+        let sizes: Vec<_> = launches.iter().map(|launch| launch.elements).collect();
+        assert_eq!(sizes, [window / 4, window / 4, window / 4, 5]);
+        assert!(launches
+            .iter()
+            .all(|launch| launch.stride == 3 * window / 4 + 5
+                && launch.divide_by == 0
+                && launch.kernel == HandoffKernel::AllGather));
+        let one_shot = launches_of_count(7919);
+        assert_eq!(one_shot.len(), 1);
+        assert_eq!(one_shot[0].segments, SegmentsArg::default());
+        assert!(launches_of_count(0).is_empty());
+    }
+
+    fn launches_of_count(count: usize) -> Vec<HandoffLaunch> {
+        launches(
+            &all_reduce(DType::F32, count),
+            Algorithm::OneShot,
+            2,
+            1 << 20,
+        )
+    }
+}

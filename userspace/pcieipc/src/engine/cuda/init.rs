@@ -1,0 +1,205 @@
+//! Joining a CUDA communicator: the host control plane, rank 0's geometry
+//! and hand-off, the staging blocks and the peer-to-peer check, and the GPU
+//! hand-off where every rank may take it. Every choice is agreed over the
+//! control plane, so all ranks take the same path.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::agreement::{agree, highest_failing_rank};
+use super::communicator::CudaCommunicator;
+use super::error::on_rank;
+use super::gpu::Gpu;
+use super::gpu_handoff::{ExchangeMemory, GpuHandoff, HandoffSettings};
+use super::host_handoff::HostHandoff;
+use super::ipc::HANDLE_WORDS;
+use super::kernels::{HANDOFF_BLOCKS, HANDOFF_MAX_RANKS};
+use super::options::{CudaOptions, DataPath, Handoff, PeerToPeer};
+use super::registration::Registrations;
+use super::staging::{Staging, StagingLayout};
+use crate::engine::{Algorithm, AlgorithmChoice, CommOptions, Communicator, EngineError};
+
+/// What a two-shot launch of the GPU hand-off carries by default.
+const HANDOFF_LAUNCH_BYTES: usize = 32 << 20;
+
+/// The largest hand-off window a rank accepts from rank 0.
+const MAX_HANDOFF_WINDOW: usize = 1 << 30;
+
+impl CudaCommunicator {
+    /// Joins `rendezvous` as `rank` of `nranks` on `gpu`: the host control
+    /// plane, the staging blocks and their IPC handles, the peer-to-peer
+    /// check, and the GPU hand-off where it is taken. Collective: every
+    /// rank calls it.
+    pub fn init(
+        rendezvous: &str,
+        rank: usize,
+        nranks: usize,
+        gpu: Arc<Gpu>,
+        options: CudaOptions,
+    ) -> Result<CudaCommunicator, EngineError> {
+        let started = Instant::now();
+        let window = options
+            .handoff_window
+            .unwrap_or(HANDOFF_LAUNCH_BYTES / nranks.max(1))
+            .max(16)
+            .next_multiple_of(16);
+        // The GPU hand-off through host memory keeps its exchange blocks in
+        // the control plane's segment, which is made at the rendezvous: ask
+        // for the room whenever that path may be taken (memfd pages cost
+        // nothing until touched). Rank 0's request is the one granted.
+        let may_hand_off_through_host = options.handoff != Handoff::Host
+            && nranks <= HANDOFF_MAX_RANKS
+            && !options.control.transport.capabilities().device_memory;
+        let control_options = CommOptions {
+            backend_bytes: if may_hand_off_through_host {
+                GpuHandoff::bytes(nranks, window)
+            } else {
+                0
+            },
+            ..options.control.clone()
+        };
+        let mut control = Communicator::init(rendezvous, rank, nranks, control_options)?;
+        let err = on_rank(rank);
+        // Rank 0's geometry and hand-off: every rank computes offsets in its
+        // peers' blocks, and all must take the same path.
+        let mut geometry = [
+            options.chunk_bytes as i64,
+            options.one_shot_read_budget as i64,
+            window as i64,
+            options.handoff as i64,
+        ];
+        control.broadcast(&mut geometry, 0)?;
+        let refused = |reason: String| EngineError::RendezvousProtocol {
+            name: rendezvous.to_owned(),
+            rank: 0,
+            reason,
+        };
+        let handoff = Handoff::from_word(geometry[3])
+            .ok_or_else(|| refused(format!("hand-off {} (0 to 2)", geometry[3])))?;
+        let window = usize::try_from(geometry[2])
+            .ok()
+            .filter(|window| {
+                (16..=MAX_HANDOFF_WINDOW).contains(window) && window.is_multiple_of(16)
+            })
+            .ok_or_else(|| {
+                refused(format!(
+                    "hand-off window of {} bytes (a multiple of 16 up to {MAX_HANDOFF_WINDOW})",
+                    geometry[2]
+                ))
+            })?;
+        let layout = StagingLayout {
+            // 16-byte multiples keep chunk boundaries on the kernels' vector width.
+            slot_bytes: (geometry[0] as usize).max(16).next_multiple_of(16),
+            steps: 2 * nranks.saturating_sub(1),
+            one_shot_bytes: (geometry[1] as usize).max(16).next_multiple_of(16),
+        };
+        let (mut staging, handle) = Staging::new(&gpu, layout, rank, nranks).map_err(&err)?;
+        let mut handles = vec![0i64; HANDLE_WORDS * nranks];
+        control.all_gather(&handle, &mut handles)?;
+        let reason = match options.peer_to_peer {
+            PeerToPeer::Off => Some("peer-to-peer turned off".to_owned()),
+            PeerToPeer::Auto => staging.open_peers(rank, &handles).err(),
+        };
+        // Every rank must take the same path: any failed check sends all to
+        // the host. The highest failing rank's reason is the one reported.
+        let mut path = DataPath::PeerToPeer;
+        if let Some(failing) = highest_failing_rank(&mut control, reason.is_some())? {
+            staging.close_peers();
+            path = DataPath::HostStaged {
+                reason: reason
+                    .unwrap_or_else(|| format!("rank {failing}'s peer-to-peer check failed")),
+            };
+        }
+        let host_handoff = HostHandoff::new(
+            &gpu,
+            staging,
+            options.algorithm,
+            options.peer_read,
+            options.gpu_poll,
+            path != DataPath::PeerToPeer,
+        )
+        .map_err(&err)?;
+        // The GPU hand-off needs a slot per rank in the kernels' argument
+        // and (unless forced) a GPU per rank: ranks sharing one are
+        // time-sliced, and each hand-off would wait for a slice. Every rank
+        // learns the same facts, so all choose alike. The grid is the
+        // smallest any rank proposes: every rank's must be resident at once.
+        let mut facts = vec![0i64; 2 * nranks];
+        let address = gpu.pci_address().map_err(&err)?;
+        let proposed = i64::from(GpuHandoff::proposed_blocks(&gpu));
+        control.all_gather(&[address, proposed], &mut facts)?;
+        let distinct = {
+            let mut addresses: Vec<i64> = facts.iter().step_by(2).copied().collect();
+            addresses.sort_unstable();
+            addresses.windows(2).all(|pair| pair[0] != pair[1])
+        };
+        let blocks = facts
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|&blocks| blocks.clamp(1, HANDOFF_BLOCKS as i64) as u32)
+            .min()
+            .unwrap_or(1);
+        let ring = options.algorithm == AlgorithmChoice::Fixed(Algorithm::Ring);
+        let on_gpu = nranks <= HANDOFF_MAX_RANKS
+            && match handoff {
+                Handoff::Auto => distinct && !ring,
+                Handoff::Gpu => true,
+                Handoff::Host => false,
+            };
+        if on_gpu && ring {
+            return Err(EngineError::AlgorithmUnavailable {
+                algorithm: Algorithm::Ring,
+                reason: "the GPU hand-off runs one-shot and direct (two-shot) kernels",
+            });
+        }
+        let gpu_handoff = if on_gpu {
+            let through_host = path != DataPath::PeerToPeer;
+            let settings = HandoffSettings {
+                memory: if through_host {
+                    ExchangeMemory::Host
+                } else {
+                    ExchangeMemory::Device
+                },
+                window,
+                blocks,
+                timeout: options.handoff_timeout,
+                algorithm: options.algorithm,
+                one_shot_bytes: layout.one_shot_bytes,
+            };
+            let outcome = GpuHandoff::open(&gpu, &mut control, settings);
+            match agree(&mut control, outcome)? {
+                Ok(opened) => {
+                    if let DataPath::HostStaged { reason } = &path {
+                        path = DataPath::HostMapped {
+                            reason: reason.clone(),
+                        };
+                    }
+                    Some(opened)
+                }
+                // Automatic: the host-staged path still works.
+                Err(_) if through_host && handoff != Handoff::Gpu => None,
+                Err(failure) => return Err(failure),
+            }
+        } else {
+            None
+        };
+        if gpu_handoff.is_none() && options.algorithm == AlgorithmChoice::Fixed(Algorithm::Direct) {
+            return Err(EngineError::AlgorithmUnavailable {
+                algorithm: Algorithm::Direct,
+                reason: "the direct all_reduce of device buffers needs the GPU hand-off",
+            });
+        }
+        Ok(CudaCommunicator {
+            gpu_handoff,
+            host_handoff,
+            registrations: Registrations::default(),
+            control,
+            gpu,
+            rank,
+            nranks,
+            path,
+            init_time: started.elapsed(),
+        })
+    }
+}
