@@ -130,6 +130,18 @@ struct Segments {
     u64 start[HMAX + 1];
 };
 
+// seg.start[k] for a k known only at run time, read with constant indices:
+// a kernel parameter indexed by a register is copied to local memory first,
+// in every thread of every launch.
+__device__ __forceinline__ u64 seg_at(const Segments& seg, unsigned k) {
+    u64 value = 0;
+#pragma unroll
+    for (unsigned i = 0; i <= HMAX; i++) {
+        if (i == k) value = seg.start[i];
+    }
+    return value;
+}
+
 struct Exchange {
     u64 base[HMAX];      // each rank's exchange block as mapped here (own included)
     u64 window;          // bytes of one inbox or result slot
@@ -346,14 +358,14 @@ extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const
     unsigned parity = epoch & 1;
     for (unsigned owner = 0; owner < x.nranks; owner++) {
         if (owner == x.rank) continue;
-        u64 base = seg.start[owner], len = seg.start[owner + 1] - base;
+        u64 base = seg_at(seg, owner), len = seg_at(seg, owner + 1) - base;
         u64 start, end;
         share(len, &start, &end);
         copy_share(inbox(x, owner, parity, x.rank), (const char*)(in + base), start, end);
         signal(x, epoch, owner, 0);
     }
     if (!await_peers(x, epoch, 0)) return;
-    u64 mine = seg.start[x.rank], len = seg.start[x.rank + 1] - mine;
+    u64 mine = seg_at(seg, x.rank), len = seg_at(seg, x.rank + 1) - mine;
     u64 start, end;
     share(len, &start, &end);
     S* reduced = out + mine;
@@ -367,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(512) handoff_two_shot(S* out, const
     if (!await_peers(x, epoch, 1)) return;
     for (unsigned owner = 0; owner < x.nranks; owner++) {
         if (owner == x.rank) continue;
-        u64 base = seg.start[owner], len = seg.start[owner + 1] - base;
+        u64 base = seg_at(seg, owner), len = seg_at(seg, owner + 1) - base;
         u64 start, end;
         share(len, &start, &end);
         copy_share((char*)(out + base), results(x, x.rank, parity, owner), start, end);
