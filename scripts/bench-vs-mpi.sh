@@ -152,8 +152,8 @@ cpuinfo() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2 | sed 's/^ /
 virtual=$(grep -qw hypervisor /proc/cpuinfo && echo ", under a hypervisor" || true)
 echo "# host: $(nproc) CPUs, $(cpuinfo 'model name') (family $(cpuinfo 'cpu family') model $(cpuinfo model) stepping $(cpuinfo stepping))$virtual, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# caches: L1d $(cache L1d); L2 $(cache L2); L3 $(cache L3)"
-echo "# pcieipc: $("$pcieipc" --version), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
-[ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version)"
+echo "# pcieipc: $("$pcieipc" --version | head -1), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
+[ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version | head -1)"
 
 # The baseline runs right after this tree's pcieipc in every round, with the
 # same flags, so that both meet the same stretch of the host's noise.

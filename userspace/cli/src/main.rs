@@ -13,6 +13,7 @@ mod cmd_link;
 mod cmd_monitor;
 mod cmd_probe;
 mod cmd_trace;
+mod cmd_version;
 mod html;
 mod monitor_service;
 mod output;
@@ -23,12 +24,17 @@ mod trace_svg;
 #[derive(Parser)]
 #[command(
     name = "pcieipc",
-    version,
-    about = "PCIe peer-to-peer AllReduce, topology and link health"
+    about = "PCIe peer-to-peer AllReduce, topology and link health",
+    disable_version_flag = true,
+    arg_required_else_help = true
 )]
 struct Cli {
+    /// Print the version, the commit it was built from, the ABI it speaks and the loaded
+    /// module's (where /dev/pcieipc exists).
+    #[arg(short = 'V', long)]
+    version: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -53,7 +59,16 @@ enum Command {
 fn main() -> ExitCode {
     end_quietly_on_closed_stdout();
     let cli = Cli::parse();
-    let result = match cli.command {
+    let Some(command) = cli.command.filter(|_| !cli.version) else {
+        return match cmd_version::run() {
+            Ok(code) => code,
+            Err(err) => {
+                output::eprint_line(&format!("pcieipc: error: {err:#}"));
+                ExitCode::from(2)
+            }
+        };
+    };
+    let result = match command {
         Command::Probe(args) => cmd_probe::run(args),
         Command::Bench(args) => cmd_bench::run(*args),
         Command::Device(args) => cmd_device::run(args),

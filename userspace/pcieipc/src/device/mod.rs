@@ -21,5 +21,5 @@ pub use link_control::{
     LINK_CONTROL_PARAMETER,
 };
 pub use mapped_window::MappedWindow;
-pub use node::{Device, DeviceError, ModuleVersion, DEFAULT_PATH};
+pub use node::{Device, DeviceError, ModuleVersion, ABI_VERSION, DEFAULT_PATH};
 pub use retrain::{Retrain, RetrainRefusal, TargetSpeed};

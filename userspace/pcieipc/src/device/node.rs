@@ -90,6 +90,13 @@ pub enum DeviceError {
     },
 }
 
+/// The ABI this program speaks (`include/uapi/pcieipc.h`): a module must
+/// speak the same major version and at least this minor one.
+pub const ABI_VERSION: (u16, u16) = (
+    uapi::PCIEIPC_ABI_MAJOR as u16,
+    uapi::PCIEIPC_ABI_MINOR as u16,
+);
+
 /// What `PCIEIPC_IOC_VERSION` reports.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ModuleVersion {
@@ -135,8 +142,7 @@ impl Device {
             })?;
         let device = Self { file, path };
         let version = device.version()?;
-        let ours_major = uapi::PCIEIPC_ABI_MAJOR as u16;
-        let ours_minor = uapi::PCIEIPC_ABI_MINOR as u16;
+        let (ours_major, ours_minor) = ABI_VERSION;
         if version.abi_major != ours_major || version.abi_minor < ours_minor {
             return Err(DeviceError::AbiMismatch {
                 path: device.path,
