@@ -6,6 +6,11 @@
 # the module at work (devices bound, link status, events).
 source "$(dirname "$0")/common.sh"
 cd "$REPO_ROOT"
+# Everything this prints also goes to build/run.log; the testbed's whole
+# console, the guest's kernel log included, to build/run-console.log.
+mkdir -p build
+run_log="$REPO_ROOT/build/run.log" console_log="$REPO_ROOT/build/run-console.log"
+exec > >(tee "$run_log") 2>&1
 bash scripts/build-all.sh
 source build/env.sh
 
@@ -40,4 +45,5 @@ if command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -
 fi
 
 log "testbed demo: tests/topologies/fabric.toml"
-bash scripts/testbed.sh tests/topologies/fabric.toml tests/guest/demo.sh
+PCIEIPC_CONSOLE_LOG="$console_log" bash scripts/testbed.sh tests/topologies/fabric.toml tests/guest/demo.sh
+log "the full log: $run_log (the testbed's whole console, the guest's kernel log included: $console_log)"

@@ -55,6 +55,17 @@ harness_silent_guest() {
 }
 add_step "testbed: a guest silent from boot leaves QEMU's evidence and is booted once more" harness_silent_guest
 
+# The main job's testbed run (PCIEIPC_CONSOLE_LOG): the whole console kept
+# in a file, the guest's kernel log left out of what the run prints.
+harness_console_log() {
+    local out rc log="$REPO_ROOT/build/test-console.log"
+    out="$(PCIEIPC_CONSOLE_LOG="$log" bash scripts/testbed.sh tests/topologies/fabric.toml tests/guest/tree.sh 2>&1)" && rc=0 || rc=$?
+    [ "$rc" = 0 ] && grep -qF "tree.sh: passed" <<<"$out" &&
+        ! grep -qF "@@pcieipc-testbed dmesg-begin" <<<"$out" &&
+        grep -qF "@@pcieipc-testbed dmesg-begin" "$log" && grep -qF "@@pcieipc-testbed dmesg-end" "$log"
+}
+add_step "testbed: a run that keeps its console in a file prints no guest kernel log" harness_console_log
+
 # Guest tests: TOPOLOGY GUEST-SCRIPT [HOST-SCRIPT]
 while read -r topology guest host; do
     [ -n "$topology" ] || continue

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one topology file + guest script in the testbed, with the module and
 # the userspace programs in the guest:
-#   scripts/testbed.sh [--distro] TOPOLOGY GUEST [HOST-SCRIPT]
+#   [PCIEIPC_CONSOLE_LOG=FILE] scripts/testbed.sh [--distro] TOPOLOGY GUEST [HOST-SCRIPT]
 # --distro boots Debian's packaged kernel (the vmlinuz a server installs) with
 # the pcieipc.ko built against its headers by scripts/distro-kmod.sh, instead
 # of the testbed's own kernel and module.
@@ -21,4 +21,7 @@ fi
 args=(run --topology "$1" --guest "$2" --kernel "$kernel" --module "$module"
       --bin "$PCIEIPC_BIN/pcieipc" --bin "$PCIEIPC_BIN/pcieipc-guest" --bin "$PCIEIPC_BIN/pcieipc-fault-check")
 [ $# -ge 3 ] && args+=(--host-script "$3")
+# PCIEIPC_CONSOLE_LOG: keep the whole guest console in that file, and leave
+# the guest's kernel log out of the echo unless the run fails.
+[ -n "${PCIEIPC_CONSOLE_LOG:-}" ] && args+=(--console-log "$PCIEIPC_CONSOLE_LOG")
 exec "$PCIEIPC_BIN/pcieipc-testbed" "${args[@]}"

@@ -60,8 +60,33 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// QEMU arguments after the harness's own.
     pub extra_qemu_args: Vec<String>,
-    /// Echo the guest console as it arrives.
-    pub echo_console: bool,
+    /// What of the guest console to echo as it arrives.
+    pub echo: Echo,
+}
+
+/// What of the guest console a run echoes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Echo {
+    Nothing,
+    All,
+    /// Everything but the guest's kernel log dump at its end (a run that
+    /// keeps the console elsewhere shows the dump only when it failed).
+    AllButKernelLog,
+}
+
+impl Echo {
+    /// Whether the console's next `line` is echoed; `in_kernel_log` follows
+    /// the dump's markers from line to line.
+    fn shows(self, line: &str, in_kernel_log: &mut bool) -> bool {
+        *in_kernel_log |= line.contains(MARK_DMESG_BEGIN);
+        let shown = match self {
+            Echo::Nothing => false,
+            Echo::All => true,
+            Echo::AllButKernelLog => !*in_kernel_log,
+        };
+        *in_kernel_log &= !line.contains(MARK_DMESG_END);
+        shown
+    }
 }
 
 #[derive(Debug)]
@@ -387,10 +412,11 @@ fn supervise(
         text
     });
     let (console_tx, console_rx) = mpsc::channel::<String>();
-    let echo = config.echo_console;
+    let echo = config.echo;
     thread::spawn(move || {
+        let mut in_kernel_log = false;
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if echo {
+            if echo.shows(&line, &mut in_kernel_log) {
                 println!("{line}");
             }
             if console_tx.send(line).is_err() {
@@ -532,17 +558,23 @@ fn supervise(
     })
 }
 
-/// Lines of the guest's dmesg dump that show a kernel problem.
-fn kernel_log_failures(console: &[String]) -> Vec<String> {
+/// The guest's dmesg dump in `console`, if it finished one.
+pub fn kernel_log(console: &[String]) -> Option<&[String]> {
     let begin = console.iter().position(|l| l.contains(MARK_DMESG_BEGIN));
     let end = console.iter().position(|l| l.contains(MARK_DMESG_END));
-    let log = match (begin, end) {
-        (Some(b), Some(e)) if b < e => &console[b + 1..e],
-        // No dump: judge the whole console, which carries the kernel's
-        // warnings too (loglevel=4).
-        _ => console,
-    };
-    log.iter()
+    match (begin, end) {
+        (Some(b), Some(e)) if b < e => Some(&console[b + 1..e]),
+        _ => None,
+    }
+}
+
+/// Lines of the guest's dmesg dump that show a kernel problem.
+fn kernel_log_failures(console: &[String]) -> Vec<String> {
+    // No dump: judge the whole console, which carries the kernel's warnings
+    // too (loglevel=4).
+    kernel_log(console)
+        .unwrap_or(console)
+        .iter()
         .filter(|line| KERNEL_LOG_FAILURES.iter().any(|p| line.contains(p)))
         .cloned()
         .collect()
@@ -738,6 +770,32 @@ impl Drop for WorkDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_log_dump_is_left_out_of_the_echo_only_when_asked() {
+        let console = [
+            "PASS: first".to_owned(),
+            MARK_DMESG_BEGIN.to_owned(),
+            "[    1.0] pcieipc: loaded".to_owned(),
+            MARK_DMESG_END.to_owned(),
+            "guest: 1 passed, 0 failed".to_owned(),
+        ];
+        let echoed = |echo: Echo| {
+            let mut in_kernel_log = false;
+            console
+                .iter()
+                .filter(|line| echo.shows(line, &mut in_kernel_log))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(echoed(Echo::All), console);
+        assert!(echoed(Echo::Nothing).is_empty());
+        assert_eq!(
+            echoed(Echo::AllButKernelLog),
+            [console[0].clone(), console[4].clone()]
+        );
+        assert_eq!(kernel_log(&console), Some(&console[2..3]));
+    }
 
     #[test]
     fn kernel_log_is_judged_inside_the_dump() {
