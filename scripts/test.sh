@@ -24,6 +24,7 @@ add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check -
 add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'
 add_step "userspace: no import cycle among the files of any crate (library, CLI, testbed, bindings, server, Python)" 'python3 scripts/check-rust-imports.py --self-test && python3 scripts/check-rust-imports.py userspace/pcieipc/src userspace/cli/src userspace/testbed/src userspace/uapi/src userspace/ivshmem-server/src python/src >/dev/null'
 add_step "bench comparison tool: fixtures (medians, ratios, exit status when behind)" 'python3 scripts/bench_compare.py --self-test'
+add_step "docs: every relative link in the README and docs/ resolves" 'python3 scripts/check-links.py --self-test && python3 scripts/check-links.py'
 add_step "distro: pcieipc.ko for Debian's packaged kernel, against its headers, with its rustc 1.85 (the MSRV)" 'bash scripts/distro-kmod.sh >/dev/null'
 add_step "distro: the DKMS .deb names what is missing, prepares the headers through its hook, builds, signs, upgrades, removes" 'bash scripts/test-dkms.sh'
 add_step "monitor as a service: store, Prometheus scrape and PromQL, promtool, restart without duplicates, bad stores and addresses" 'bash scripts/test-monitor-service.sh'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's trace picture: a 2-rank shm bench of 1 MiB all_reduce traced
+# The trace picture of docs/cli.md: a 2-rank shm bench of 1 MiB all_reduce traced
 # (`pcieipc trace`), its last two 1 MiB calls drawn (`pcieipc trace svg`) and
 # rendered by headless Chromium into docs/trace.png.
 #
