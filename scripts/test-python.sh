@@ -4,7 +4,7 @@
 # environment (scripts/setup-python.sh): every collective and dtype on 2 and
 # 3 ranks against Gloo, DDP with the backend and with the hook against Gloo,
 # 2 simulated nodes × 2 ranks against a flat Gloo group, a killed rank, and
-# the DDP example under torchrun. Also checks that the wheel serves
+# the DDP example and the README's Python example under torchrun. Also checks that the wheel serves
 # CPython 3.9+ (its abi3 tag) and that the type stubs match the module.
 source "$(dirname "$0")/common.sh"
 eval "$(bash "$REPO_ROOT/scripts/python-build.sh" | grep -E '^(PYTHON|PYTHONPATH)=')"
