@@ -1,5 +1,5 @@
 # Thin wrappers over scripts/; see README.md.
-.PHONY: all build run test test-gpu testbed uapi kmod clean-kmod deb distro-kmod
+.PHONY: all build run test test-gpu testbed uapi kmod clean-kmod deb dist distro-kmod
 
 all: build
 
@@ -41,6 +41,11 @@ test-gpu:
 # The DKMS package: build/deb/pcieipc-dkms_<version>_all.deb (README: Install on your server).
 deb:
 	bash scripts/build-deb.sh
+
+# What a server installs without cargo, into build/dist/: the manylinux wheel (Python package
+# and the pcieipc command), pcieipc_<version>_amd64.deb (the tools) and the DKMS package.
+dist:
+	bash scripts/build-dist.sh
 
 # pcieipc.ko for Debian's packaged kernel, in a trixie chroot: make distro-kmod [RELEASE=7.3.4+deb13-amd64]
 distro-kmod:

@@ -40,8 +40,8 @@ sed "s/@VERSION@/$version/g" packaging/dkms.conf >"$src/dkms.conf"
 sed "s/@VERSION@/$version/g" packaging/dkms-pre-build.sh >"$src/dkms-pre-build.sh"
 chmod 0755 "$src/dkms-pre-build.sh"
 install -m 0755 packaging/prepare-kernel-rust.sh "$stage/usr/sbin/pcieipc-prepare-kernel-rust"
-sed "s/@VERSION@/$version/g" packaging/postinst >"$stage/DEBIAN/postinst"
-sed "s/@VERSION@/$version/g" packaging/prerm >"$stage/DEBIAN/prerm"
+sed "s/@VERSION@/$version/g" packaging/dkms.postinst >"$stage/DEBIAN/postinst"
+sed "s/@VERSION@/$version/g" packaging/dkms.prerm >"$stage/DEBIAN/prerm"
 chmod 0755 "$stage/DEBIAN/postinst" "$stage/DEBIAN/prerm"
 cat >"$stage/DEBIAN/control" <<CONTROL
 Package: pcieipc-dkms

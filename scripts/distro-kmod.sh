@@ -19,9 +19,10 @@ ROOT="$DISTRO/trixie"
 SUITE=trixie
 # The chroot's base: what modules_prepare, a module build and DKMS need
 # (openssl: the kernel's configuration asks it which signature schemes exist;
-# python3: the BTF tools' build). The kernel's own toolchain (rustc, bindgen,
-# gcc) is installed per release below.
-BASE_PACKAGES=make,flex,bison,bc,libelf-dev,libssl-dev,openssl,python3,kmod,cpio,xz-utils,dkms,dwarves
+# python3: the BTF tools' build; man-db and bash-completion: the tools
+# package's pages and completions, scripts/test-dist.sh). The kernel's own
+# toolchain (rustc, bindgen, gcc) is installed per release below.
+BASE_PACKAGES=make,flex,bison,bc,libelf-dev,libssl-dev,openssl,python3,kmod,cpio,xz-utils,dkms,dwarves,man-db,bash-completion
 
 release="${1:-}"
 if [ -z "$release" ]; then

@@ -12,9 +12,18 @@
 # GPU 0.
 #
 #   scripts/test-gpu.sh              build here, then run here (needs cargo and a GPU)
-#   scripts/test-gpu.sh build DIR    build only, into DIR (a machine without a GPU)
+#   scripts/test-gpu.sh build DIR    build only, into DIR (a machine without a GPU):
+#                                    make dist's wheel and the CUDA tests' binary
 #   scripts/test-gpu.sh run DIR      run what `build` left in DIR (a GPU machine
 #                                    without cargo: copy DIR there first)
+#
+# `run` installs the wheel as a user's server would, with pip into a fresh
+# virtual environment that sees the machine's torch (--system-site-packages);
+# the benches run its `pcieipc` command and the Python tests its package. Only
+# the CUDA tests' binary is carried as built (a test, not what ships).
+#
+# PCIEIPC_GPU_TEST_ARGS: words handed to the CUDA tests' binary (libtest's
+# filter and --skip), to split the suite where one sitting is too short.
 #
 # PCIEIPC_GPU_MPS=1 runs the ranks under an MPS daemon of the script's own
 # (started in a private pipe directory, stopped at the end), as a job sharing
@@ -30,18 +39,25 @@ build() {
     test_binary="$(cargo test --release -p pcieipc --features gpu-tests --test cuda --no-run --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)"
     [ -n "$test_binary" ] || die "building the GPU tests failed (run: cargo test -p pcieipc --features gpu-tests --test cuda --no-run)"
-    cargo build --release -q -p pcieipc-cli
+    local wheel
+    wheel="$(bash scripts/build-dist.sh wheel | sed -n 's/^WHEEL=//p')"
+    [ -f "$wheel" ] || die "scripts/build-dist.sh made no wheel"
+    rm -f "$dir"/pcieipc-*.whl
     cp "$test_binary" "$dir/cuda-tests"
-    cp target/release/pcieipc "$dir/pcieipc"
-    bash scripts/python-build.sh >/dev/null
-    rm -rf "$dir/python-site" && cp -r build/python-site "$dir/python-site"
+    cp "$wheel" "$dir/"
     log "GPU tests built into $dir"
 }
 
 run() {
-    local dir="$1" failed=0
-    [ -x "$dir/cuda-tests" ] && [ -x "$dir/pcieipc" ] || die "$dir lacks cuda-tests or pcieipc: run scripts/test-gpu.sh build $dir first"
+    local dir="$1" failed=0 wheel
+    wheel="$(ls "$dir"/pcieipc-*.whl 2>/dev/null | tail -1)"
+    [ -x "$dir/cuda-tests" ] && [ -f "$wheel" ] || die "$dir lacks cuda-tests or the wheel: run scripts/test-gpu.sh build $dir first"
     command -v nvidia-smi >/dev/null && nvidia-smi -L || die "no GPU here (nvidia-smi not found): the GPU tests need one"
+    use_work_dir
+    python3 -m venv --system-site-packages "$work/venv" || die "python3 -m venv failed here (Debian and Ubuntu: apt install python3-venv)"
+    "$work/venv/bin/pip" install -q --disable-pip-version-check --no-index --no-deps "$wheel" || die "pip install $wheel failed"
+    local pcieipc="$work/venv/bin/pcieipc" python="$work/venv/bin/python"
+    log "installed $(basename "$wheel") into a fresh virtual environment: $("$pcieipc" --version | head -1)"
     # libnvrtc is often outside the loader path in CUDA installs.
     for cuda_lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
         [ -d "$cuda_lib" ] && export LD_LIBRARY_PATH="$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -53,29 +69,30 @@ run() {
         export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         nvidia-cuda-mps-control -d || die "starting the MPS daemon failed (log: $CUDA_MPS_LOG_DIRECTORY)"
-        trap 'echo quit | nvidia-cuda-mps-control; rm -rf "'"$mps_dir"'"' EXIT
+        trap 'echo quit | nvidia-cuda-mps-control; rm -rf "'"$mps_dir"'"; stop_started_and_remove_work' EXIT
         log "ranks share GPU 0 under MPS (daemon in $mps_dir)"
     fi
     log "cargo tests of the CUDA transport (one test at a time: their ranks share the GPU)"
-    "$dir/cuda-tests" --test-threads=1 --nocapture || failed=1
+    # shellcheck disable=SC2086 # PCIEIPC_GPU_TEST_ARGS: words for libtest
+    "$dir/cuda-tests" --test-threads=1 --nocapture ${PCIEIPC_GPU_TEST_ARGS:-} || failed=1
     for nranks in 2 4; do
         log "pcieipc bench --transport cuda, $nranks ranks on GPU 0, results checked"
         gpus="$(printf '0,%.0s' $(seq "$nranks"))"
-        "$dir/pcieipc" bench --transport cuda --nranks "$nranks" --gpus "${gpus%,}" \
+        "$pcieipc" bench --transport cuda --nranks "$nranks" --gpus "${gpus%,}" \
             -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
     done
     log "pcieipc bench --transport cuda --handoff gpu, 2 ranks on GPU 0 (forced: they are time-sliced), results checked"
-    "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu \
+    "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu \
         -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
     log "pcieipc bench --transport cuda --handoff gpu --p2p off, 2 ranks on GPU 0: kernels through pinned shared host memory, results checked"
-    "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu --p2p off \
+    "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu --p2p off \
         -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
     log "the same, the timed calls captured in a CUDA graph and replayed (-G)"
-    "$dir/pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \
+    "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \
         -b 8 -e 256M -f 64 -n 20 -w 5 -c 1 || failed=1
-    log "the Python package on CUDA tensors (python/tests_gpu), with the machine's python3 and torch"
-    python3 -c 'import torch; assert torch.cuda.is_available()' || die "python3 here has no torch with CUDA: the Python GPU tests need it"
-    PYTHONPATH="$(cd "$dir" && pwd)/python-site" python3 python/tests_gpu/test_gpu.py || failed=1
+    log "the Python package (the wheel's) on CUDA tensors (python/tests_gpu), with the machine's torch"
+    "$python" -c 'import torch; assert torch.cuda.is_available()' || die "python3 here has no torch with CUDA: the Python GPU tests need it"
+    "$python" python/tests_gpu/test_gpu.py || failed=1
     if [ "$failed" = 0 ]; then echo "GPU tests: PASSED"; else echo "GPU tests: FAILED"; fi
     [ "$failed" = 0 ]
 }

@@ -7,12 +7,11 @@
 # the DDP example and the README's Python example under torchrun. Also checks that the wheel serves
 # CPython 3.9+ (its abi3 tag) and that the type stubs match the module.
 source "$(dirname "$0")/common.sh"
-eval "$(bash "$REPO_ROOT/scripts/python-build.sh" | grep -E '^(PYTHON|PYTHONPATH)=')"
+eval "$(bash "$REPO_ROOT/scripts/python-build.sh" | grep -E '^(PYTHON|WHEEL|PYTHONPATH)=')"
 export PYTHONPATH
-wheel="$(ls "$REPO_ROOT"/build/wheels/pcieipc-*.whl)"
-case "$wheel" in
+case "$WHEEL" in
     *-cp39-abi3-*) ;;
-    *) die "the wheel $wheel is not tagged cp39-abi3 (one wheel for CPython 3.9+)" ;;
+    *) die "the wheel $WHEEL is not tagged cp39-abi3 (one wheel for CPython 3.9+)" ;;
 esac
 "$PYTHON" "$REPO_ROOT/python/tests/check_stubs.py" || die "python/pcieipc/_native.pyi does not match the module"
 # torch and torchrun leave files in the temporary directory (torchelastic_*,

@@ -18,7 +18,8 @@ add_step "UAPI bindings regenerate without a diff" 'bash scripts/gen-uapi.sh --c
 add_step "cargo test --workspace (with probe --html in headless Chromium)" 'cargo test -q --workspace --release'
 add_step "cargo clippy --workspace, GPU tests included (warnings are errors)" 'cargo clippy -q --workspace --all-targets --all-features --release -- -D warnings'
 add_step "cargo fmt --check" 'cargo fmt --all --check'
-add_step "python: abi3 wheel (maturin), pytest against Gloo, DDP, 2x2 nodes, a killed rank" 'bash scripts/test-python.sh'
+add_step "python: the manylinux abi3 wheel (make dist's), pytest against Gloo, DDP, 2x2 nodes, a killed rank" 'bash scripts/test-python.sh'
+add_step "dist: the wheel in a fresh venv without cargo: pcieipc --version, probe, bench, the README's Python example" 'bash scripts/test-dist.sh wheel'
 add_step "kmod: CLIPPY=1 build (warnings are errors)" 'make -s -C "$PCIEIPC_KERNEL_BUILD" M="$REPO_ROOT" LLVM= CLIPPY=1 W=e modules'
 add_step "kmod: rustfmt --check (the kernel's .rustfmt.toml)" 'rustfmt --check --config-path "$PCIEIPC_KERNEL_BUILD/source/.rustfmt.toml" kmod/*.rs'
 add_step "kmod: no import cycle, raw bindings only in wrappers, # Safety on unsafe fns" 'bash scripts/check-kmod-imports.sh --self-test && bash scripts/check-kmod-imports.sh'
@@ -27,6 +28,7 @@ add_step "bench comparison tool: fixtures (medians, ratios, exit status when beh
 add_step "docs: every relative link in the README and docs/ resolves" 'python3 scripts/check-links.py --self-test && python3 scripts/check-links.py'
 add_step "distro: pcieipc.ko for Debian's packaged kernel, against its headers, with its rustc 1.85 (the MSRV)" 'bash scripts/distro-kmod.sh >/dev/null'
 add_step "distro: the DKMS .deb names what is missing, prepares the headers through its hook, builds, signs, upgrades, removes" 'bash scripts/test-dkms.sh'
+add_step "dist: make dist; the tools .deb in the Debian root: pcieipc --version, man pages, completions, purged clean" 'bash scripts/test-dist.sh deb'
 add_step "monitor as a service: store, Prometheus scrape and PromQL, promtool, restart without duplicates, bad stores and addresses" 'bash scripts/test-monitor-service.sh'
 
 # A run past its time limit: killed, exit status 2, and the error says who

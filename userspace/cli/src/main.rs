@@ -3,13 +3,15 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench_collective;
 mod cmd_bench;
+mod cmd_completions;
 mod cmd_device;
 mod cmd_events;
 mod cmd_link;
+mod cmd_man_pages;
 mod cmd_monitor;
 mod cmd_probe;
 mod cmd_trace;
@@ -54,6 +56,10 @@ enum Command {
     /// The events a monitor stored (--store): listed, or counted per device and error.
     Events(cmd_events::Args),
     Trace(cmd_trace::Args),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
+    Completions(cmd_completions::Args),
+    /// Write the man pages, pcieipc.1 and one per subcommand, into a directory.
+    ManPages(cmd_man_pages::Args),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +82,8 @@ fn main() -> ExitCode {
         Command::Monitor(args) => cmd_monitor::run(args),
         Command::Events(args) => cmd_events::run(args),
         Command::Trace(args) => cmd_trace::run(args),
+        Command::Completions(args) => cmd_completions::run(args, Cli::command()),
+        Command::ManPages(args) => cmd_man_pages::run(args, Cli::command()),
     };
     match result {
         Ok(code) => code,
