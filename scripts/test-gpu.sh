@@ -18,7 +18,7 @@
 #                                    without cargo: copy DIR there first)
 #
 # `run` installs the wheel as a user's server would, with pip into a fresh
-# virtual environment that sees the machine's torch (--system-site-packages);
+# virtual environment that also sees python3's packages (the machine's torch);
 # the benches run its `pcieipc` command and the Python tests its package. Only
 # the CUDA tests' binary is carried as built (a test, not what ships).
 #
@@ -54,9 +54,12 @@ run() {
     [ -x "$dir/cuda-tests" ] && [ -f "$wheel" ] || die "$dir lacks cuda-tests or the wheel: run scripts/test-gpu.sh build $dir first"
     command -v nvidia-smi >/dev/null && nvidia-smi -L || die "no GPU here (nvidia-smi not found): the GPU tests need one"
     use_work_dir
-    python3 -m venv --system-site-packages "$work/venv" || die "python3 -m venv failed here (Debian and Ubuntu: apt install python3-venv)"
+    python3 -m venv "$work/venv" || die "python3 -m venv failed here (Debian and Ubuntu: apt install python3-venv)"
     "$work/venv/bin/pip" install -q --disable-pip-version-check --no-index --no-deps "$wheel" || die "pip install $wheel failed"
     local pcieipc="$work/venv/bin/pcieipc" python="$work/venv/bin/python"
+    # The machine's torch, wherever python3's environment keeps it (a venv of its own, often).
+    python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+        >"$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine-python.pth"
     log "installed $(basename "$wheel") into a fresh virtual environment: $("$pcieipc" --version | head -1)"
     # libnvrtc is often outside the loader path in CUDA installs.
     for cuda_lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
