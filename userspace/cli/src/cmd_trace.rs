@@ -79,9 +79,13 @@ pub(crate) struct TraceParts {
 }
 
 impl TraceParts {
+    /// A new private directory (mode 0700, a name nobody can guess ahead,
+    /// made by mkdtemp): the ranks' files in a shared temporary directory
+    /// are neither readable by others nor replaceable by a planted link.
     pub(crate) fn new() -> anyhow::Result<TraceParts> {
-        let dir = std::env::temp_dir().join(format!("pcieipc-trace-{}", std::process::id()));
-        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let template = std::env::temp_dir().join("pcieipc-trace-XXXXXX");
+        let dir = nix::unistd::mkdtemp(&template)
+            .with_context(|| format!("creating a directory {}", template.display()))?;
         Ok(TraceParts { dir })
     }
 
@@ -116,5 +120,42 @@ impl Drop for TraceParts {
     fn drop(&mut self) {
         // Temporary files only: nothing to report if they are already gone.
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn each_traced_job_gets_a_private_directory_of_its_own() {
+        let first = TraceParts::new().unwrap();
+        let second = TraceParts::new().unwrap();
+        assert_ne!(first.dir, second.dir);
+        for parts in [&first, &second] {
+            let metadata = std::fs::symlink_metadata(&parts.dir).unwrap();
+            assert!(metadata.is_dir());
+            assert_eq!(
+                metadata.permissions().mode() & 0o777,
+                0o700,
+                "{}",
+                parts.dir.display()
+            );
+            let name = parts
+                .dir
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            assert_ne!(
+                name,
+                format!("pcieipc-trace-{}", std::process::id()),
+                "a guessable name"
+            );
+        }
+        let dir = first.dir.clone();
+        drop(first);
+        assert!(!dir.exists(), "the directory outlived its job");
     }
 }
