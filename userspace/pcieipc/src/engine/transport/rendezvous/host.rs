@@ -11,7 +11,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags};
 
 use super::meeting::{socket_name, Context, Joined};
-use super::secret::JobSecret;
+use super::secret::{same_bytes, JobSecret};
 use super::wire::{self, Hello};
 
 use crate::engine::error::EngineError;
@@ -130,6 +130,7 @@ pub(crate) fn host<T>(
     })?;
     listener.set_nonblocking(true).map_err(cx.io("listen"))?;
     let uid = nix::unistd::getuid().as_raw();
+    // A job without a secret admits the ranks that present none (zeros).
     let our_secret = secret.map_or([0; 16], JobSecret::bytes);
     let prepared = prepare();
     let mut joined: Vec<Option<UnixStream>> = (0..nranks).map(|_| None).collect();
@@ -186,7 +187,7 @@ pub(crate) fn host<T>(
                 mut stream, pid, ..
             } = pending.swap_remove(index);
             let rank = hello.rank;
-            if hello.secret != our_secret {
+            if !same_bytes(&our_secret, &hello.secret) {
                 refuse(&mut stream, wire::REFUSED_SECRET, rank, 0);
                 continue;
             }

@@ -57,14 +57,31 @@ impl JobSecret {
         self.0
     }
 
-    /// A tag of the secret for the socket's name: FNV-1a, so the name says
-    /// which job it is without carrying the secret itself (abstract socket
-    /// names are listed in /proc/net/unix for every user).
+    /// A tag of the secret for the socket's name, so the name says which
+    /// job it is without carrying the secret (abstract socket names are
+    /// listed in /proc/net/unix for every user): the first 64 bits of
+    /// SHA-256 over a label and the secret. Finding a secret with a given
+    /// tag costs 2^64 hashes, and one found is the job's with odds of
+    /// 2^-64; every rank, of any build, derives the same name.
     pub(crate) fn name_tag(&self) -> u64 {
-        self.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-            (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-        })
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"pcieipc rendezvous socket tag\0")
+            .chain_update(self.0)
+            .finalize();
+        u64::from_be_bytes(digest[..8].try_into().expect("SHA-256 has 32 bytes"))
     }
+}
+
+/// Whether a presented secret is ours, in a time that does not depend on
+/// where the two differ: all 16 bytes are compared whatever the first
+/// difference, and `black_box` keeps the compiler from ending early.
+pub(crate) fn same_bytes(ours: &[u8; 16], presented: &[u8; 16]) -> bool {
+    let difference = ours
+        .iter()
+        .zip(presented)
+        .fold(0u8, |difference, (a, b)| difference | (a ^ b));
+    std::hint::black_box(difference) == 0
 }
 
 impl std::str::FromStr for JobSecret {
@@ -104,6 +121,36 @@ mod tests {
         assert_eq!(format!("{one:?}"), "JobSecret(..)");
         for bad in ["", "00", &"g".repeat(32), &"0".repeat(33), &"é".repeat(16)] {
             assert!(bad.parse::<JobSecret>().is_err(), "{bad:?}");
+        }
+    }
+
+    /// The tag is SHA-256's, not a hash that can be run backwards: known
+    /// answers computed apart (Python: hashlib.sha256(b"pcieipc rendezvous
+    /// socket tag\0" + secret).hexdigest()[:16]).
+    #[test]
+    fn the_socket_tag_is_a_truncated_sha256_of_the_secret() {
+        let answers = [
+            ("00000000000000000000000000000000", 0xdd3b_f1ae_a2db_f878),
+            ("000102030405060708090a0b0c0d0e0f", 0x5a11_2346_9633_397b),
+        ];
+        for (hex, tag) in answers {
+            assert_eq!(hex.parse::<JobSecret>().unwrap().name_tag(), tag, "{hex}");
+        }
+    }
+
+    #[test]
+    fn a_secret_is_only_itself_in_every_byte_and_bit() {
+        let secret: JobSecret = "000102030405060708090a0b0c0d0e0f".parse().unwrap();
+        assert!(same_bytes(&secret.bytes(), &secret.bytes()));
+        for byte in 0..16 {
+            for bit in 0..8 {
+                let mut presented = secret.bytes();
+                presented[byte] ^= 1 << bit;
+                assert!(
+                    !same_bytes(&secret.bytes(), &presented),
+                    "byte {byte} bit {bit}"
+                );
+            }
         }
     }
 }
