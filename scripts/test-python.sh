@@ -19,5 +19,8 @@ esac
 TMPDIR="$(mktemp -d)"
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
-cd "$REPO_ROOT/python"
-"$PYTHON" -m pytest -q -p no:cacheprovider tests
+# From tests/, not python/: `python -m` puts the working directory first on
+# sys.path, and python/pcieipc (the sources, without the extension) would
+# shadow the installed wheel in the tests' own process.
+cd "$REPO_ROOT/python/tests"
+"$PYTHON" -m pytest -q -p no:cacheprovider .

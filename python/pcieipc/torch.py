@@ -542,17 +542,24 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         return output
 
     def _rendezvous(self, what: str):
-        """This node's rendezvous name and secret for communicator `what`,
-        made by the node's first rank and published in the store."""
+        """This node's rendezvous name and secret for communicator `what`.
+        The node's first rank makes the name and publishes it in the store.
+        The secret is the launcher's where PCIEIPC_JOB_SECRET is set (it
+        then never enters the store); else the first rank makes one and
+        publishes it beside the name, and the store is the job's trust
+        boundary, as it is for torch itself (docs/security.md)."""
         layout = self._layout
         key = f"pcieipc/{what}/node{layout.node}"
+        from_launcher = os.environ.get("PCIEIPC_JOB_SECRET")
         if layout.local_rank == 0:
             name = f"pcieipc-torch-{secrets.token_hex(8)}"
-            secret = secrets.token_hex(16)
-            self._store.set(key, f"{name} {secret}")
-        else:
-            name, secret = self._store.get(key).decode().split()
-        return name, secret
+            secret = from_launcher or secrets.token_hex(16)
+            self._store.set(key, name if from_launcher else f"{name} {secret}")
+            return name, secret
+        name, *published = self._store.get(key).decode().split()
+        # A rank given no secret while its node's first rank had one presents
+        # none and is refused by name (RendezvousError), as it should be.
+        return name, from_launcher or (published[0] if published else None)
 
 
 def node_name() -> str:

@@ -224,6 +224,18 @@ def mismatched() -> None:
         report({"raised": type(error).__name__, "peer": error.peer, "message": str(error)})
 
 
+def secret_from_env() -> None:
+    """One all_reduce of ones under a short timeout; reports the result or
+    the error (the launcher's PCIEIPC_JOB_SECRET may differ between ranks)."""
+    tensor = torch.ones(8)
+    try:
+        dist.init_process_group("pcieipc", timeout=timedelta(seconds=5))
+        dist.all_reduce(tensor)
+        report({"sum": tensor.tolist()})
+    except pcieipc.Error as error:
+        report({"raised": type(error).__name__, "message": str(error)})
+
+
 def ddp() -> None:
     """The example model for 200 steps three ways in one job: DDP over a
     pcieipc group, DDP over Gloo with the pcieipc hook, DDP over Gloo."""

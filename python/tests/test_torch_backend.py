@@ -62,6 +62,54 @@ def test_mismatched_counts_raise_mismatch_error_naming_the_peer(tmp_path):
         assert "100" in result["message"] and "101" in result["message"]
 
 
+class _DictStore:
+    def __init__(self):
+        self.values = {}
+
+    def set(self, key, value):
+        self.values[key] = value.encode()
+
+    def get(self, key):
+        return self.values[key]
+
+
+def _node_ranks(store, size):
+    from pcieipc.torch import ProcessGroupPcieipc, _Layout
+
+    ranks = []
+    for rank in range(size):
+        backend = ProcessGroupPcieipc.__new__(ProcessGroupPcieipc)
+        backend._store, backend._layout = store, _Layout(rank, size, size)
+        ranks.append(backend)
+    return ranks
+
+
+def test_the_launchers_secret_stays_out_of_the_store(monkeypatch):
+    launcher_secret = "0123456789abcdef0123456789abcdef"
+    monkeypatch.setenv("PCIEIPC_JOB_SECRET", launcher_secret)
+    store = _DictStore()
+    first, second = (backend._rendezvous("host") for backend in _node_ranks(store, 2))
+    assert first == second and first[1] == launcher_secret
+    assert all(launcher_secret not in value.decode() for value in store.values.values()), store.values
+    # Without one, the node's first rank makes a secret and the store carries it.
+    monkeypatch.delenv("PCIEIPC_JOB_SECRET")
+    store = _DictStore()
+    first, second = (backend._rendezvous("host") for backend in _node_ranks(store, 2))
+    assert first == second and len(first[1]) == 32 and first[1] != launcher_secret
+
+
+def test_ranks_meet_with_the_launchers_secret_and_not_without_it(tmp_path):
+    same = {"PCIEIPC_JOB_SECRET": "0123456789abcdef0123456789abcdef"}
+    (tmp_path / "same").mkdir()
+    (tmp_path / "other").mkdir()
+    outcomes = expect_success(launch(tmp_path / "same", "secret_from_env", 2, timeout=120, env_of_rank=lambda r: same))
+    assert [outcome.result.get("sum") for outcome in outcomes] == [[2.0] * 8] * 2, describe(outcomes)
+    other = {"PCIEIPC_JOB_SECRET": "fedcba9876543210fedcba9876543210"}
+    outcomes = launch(tmp_path / "other", "secret_from_env", 2, timeout=120, env_of_rank=lambda r: same if r == 0 else other)
+    for outcome in outcomes:
+        assert outcome.result.get("raised") == "RendezvousError", describe(outcomes)
+
+
 def test_ddp_with_backend_and_hook_equals_gloo_after_200_steps(tmp_path):
     outcomes = expect_success(launch(tmp_path, "ddp", 2, timeout=400))
     for outcome in outcomes:
