@@ -22,23 +22,6 @@ TARGET=x86_64-unknown-linux-gnu
 MANYLINUX="manylinux_${GLIBC/./_}"
 DIST="$REPO_ROOT/build/dist"
 
-# The build tools, in a virtual environment cached by python/requirements-dist.txt.
-dist_tools() {
-    local requirements="$REPO_ROOT/python/requirements-dist.txt" key venv
-    command -v python3 >/dev/null || die "python3 is missing (scripts/setup-host.sh installs it)"
-    key="$( (python3 --version; cat "$requirements") | sha256sum | cut -c1-16)"
-    venv="$PCIEIPC_CACHE/dist-tools-$key"
-    if [ ! -f "$venv/ready" ]; then
-        log "dist: making $venv (maturin, zig, cargo-zigbuild, auditwheel)"
-        rm -rf "$venv"
-        python3 -m venv "$venv" || die "python3 -m venv $venv failed (scripts/setup-python.sh installs python3-venv)"
-        "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements" ||
-            die "pip install -r $requirements failed"
-        touch "$venv/ready"
-    fi
-    echo "$venv/bin"
-}
-
 # The pcieipc command, linked for glibc $GLIBC; prints its path. Its own
 # target directory: maturin's zig build of the extension sets other flags,
 # and in one directory each build would make the other's crates stale.
@@ -120,8 +103,8 @@ case "${1:-all}" in
     wheel | all) ;;
     *) die "usage: scripts/build-dist.sh [wheel]" ;;
 esac
-tools="$(dist_tools)"
-export PATH="$tools:$PATH"
+# The build tools (maturin, zig, cargo-zigbuild, auditwheel), cached.
+export PATH="$(cached_venv dist-tools "$REPO_ROOT/python/requirements-dist.txt")/bin:$PATH"
 mkdir -p "$DIST"
 command="$(build_command)"
 build_wheel "$command"

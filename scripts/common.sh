@@ -99,3 +99,31 @@ in_distro_root() {
         exec chroot "$0" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         HOME=/root LC_ALL=C.UTF-8 "$@"' "$@"
 }
+
+# cached_venv NAME REQUIREMENTS [BEFORE [AFTER]]: prints the path of a virtual
+# environment $PCIEIPC_CACHE/NAME-<key>, the key from python3's version and
+# REQUIREMENTS, so a fresh clone on the same machine reuses it. Made once:
+# the function BEFORE VENV first where given, then pip install -r
+# REQUIREMENTS, then AFTER VENV (a check that dies on failure).
+cached_venv() {
+    local name="$1" requirements="$2" before="${3:-}" after="${4:-}" key venv
+    command -v python3 >/dev/null || die "python3 is missing (scripts/setup-host.sh installs it)"
+    python3 -c 'import venv, ensurepip' 2>/dev/null || {
+        log "apt: installing python3-venv"
+        DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends python3-venv >/dev/null ||
+            die "apt-get install python3-venv failed"
+    }
+    key="$( (python3 --version; cat "$requirements") | sha256sum | cut -c1-16)"
+    venv="$PCIEIPC_CACHE/$name-$key"
+    if [ ! -f "$venv/ready" ]; then
+        log "python: making $venv ($(sed -n 's/==.*//p' "$requirements" | xargs))"
+        rm -rf "$venv"
+        python3 -m venv "$venv" || die "python3 -m venv $venv failed"
+        [ -z "$before" ] || "$before" "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements" ||
+            die "pip install -r $requirements failed"
+        [ -z "$after" ] || "$after" "$venv"
+        touch "$venv/ready"
+    fi
+    echo "$venv"
+}

@@ -10,27 +10,18 @@
 # run the CPU tests alike.
 source "$(dirname "$0")/common.sh"
 REQUIREMENTS="$REPO_ROOT/python/requirements-test.txt"
-command -v python3 >/dev/null || die "python3 is missing (scripts/setup-host.sh installs it)"
-python3 -c 'import venv, ensurepip' 2>/dev/null || {
-    log "apt: installing python3-venv"
-    DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends python3-venv >/dev/null ||
-        die "apt-get install python3-venv failed"
-}
-key="$( (python3 --version; cat "$REQUIREMENTS") | sha256sum | cut -c1-16)"
-VENV="$PCIEIPC_CACHE/python-$key"
-if [ ! -f "$VENV/ready" ]; then
-    log "python: making $VENV (torch, numpy, pytest, maturin)"
-    rm -rf "$VENV"
-    python3 -m venv "$VENV" || die "python3 -m venv $VENV failed"
-    pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
+# torch the light way where it can be had: before the requirements pull PyPI's.
+torch_from_cpu_index() {
+    local torch_pin
     torch_pin="$(grep -E '^torch==' "$REQUIREMENTS")"
-    if ! "${pip[@]}" --retries 0 --timeout 10 --index-url https://download.pytorch.org/whl/cpu \
-        "$torch_pin" 2>/dev/null; then
+    if ! "$1/bin/pip" install -q --disable-pip-version-check --retries 0 --timeout 10 \
+        --index-url https://download.pytorch.org/whl/cpu "$torch_pin" 2>/dev/null; then
         log "python: PyTorch's CPU index is not reachable; taking $torch_pin from PyPI (with its CUDA libraries)"
     fi
-    "${pip[@]}" -r "$REQUIREMENTS" || die "pip install -r $REQUIREMENTS failed"
-    "$VENV/bin/python" -c 'import torch, torch.distributed as dist; assert dist.is_gloo_available()' ||
-        die "torch in $VENV does not import or has no Gloo"
-    touch "$VENV/ready"
-fi
+}
+torch_has_gloo() {
+    "$1/bin/python" -c 'import torch, torch.distributed as dist; assert dist.is_gloo_available()' ||
+        die "torch in $1 does not import or has no Gloo"
+}
+VENV="$(cached_venv python "$REQUIREMENTS" torch_from_cpu_index torch_has_gloo)"
 echo "PYTHON=$VENV/bin/python"
