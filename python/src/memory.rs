@@ -100,7 +100,7 @@ impl Memory {
     pub fn of(object: &Bound<'_, PyAny>, what: &str, writable: bool) -> PyResult<Memory> {
         match Memory::from_buffer(object, what, writable)? {
             Some(memory) => Ok(memory),
-            None if object.hasattr("__dlpack__")? => Memory::from_dlpack(object, what),
+            None if object.hasattr("__dlpack__")? => Memory::from_dlpack(object, what, writable),
             None => Err(PyTypeError::new_err(format!(
                 "{what}: needs a C-contiguous buffer (numpy array, bytearray, memoryview) or a \
                  tensor with __dlpack__, got {}",
@@ -201,36 +201,60 @@ impl Memory {
         .map(Some)
     }
 
-    fn from_dlpack(object: &Bound<'_, PyAny>, what: &str) -> PyResult<Memory> {
-        // stream=-1: the producer must not synchronise anything; the caller
-        // orders the streams (pcieipc.torch does, with events).
-        let kwargs = pyo3::types::PyDict::new(object.py());
-        if is_cuda(object)? {
-            kwargs.set_item("stream", -1)?;
-        }
-        let capsule = object.call_method("__dlpack__", (), Some(&kwargs))?;
+    fn from_dlpack(object: &Bound<'_, PyAny>, what: &str, writable: bool) -> PyResult<Memory> {
+        let capsule = dlpack_capsule(object)?;
         let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
             PyTypeError::new_err(format!("{what}: __dlpack__ did not return a capsule"))
         })?;
-        let pointer = capsule.pointer_checked(Some(c"dltensor")).map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{what}: __dlpack__ returned a capsule that is not an unused \"dltensor\""
-            ))
-        })?;
-        // SAFETY: a "dltensor" capsule holds a DLManagedTensor (DLPack's
-        // ABI), alive while the capsule is unconsumed; only its plain fields
-        // are read, under the interpreter lock.
-        let tensor = unsafe { &pointer.cast::<DlManagedTensor>().as_ref().dl_tensor };
-        let shape: Vec<i64> = if tensor.ndim == 0 {
-            Vec::new()
+        let tensor = if let Ok(pointer) = capsule.pointer_checked(Some(c"dltensor_versioned")) {
+            // SAFETY: a "dltensor_versioned" capsule holds a
+            // DLManagedTensorVersioned (DLPack 1.x), alive while the capsule
+            // is unconsumed; only its plain fields are read, under the
+            // interpreter lock.
+            let managed = unsafe { pointer.cast::<DlManagedTensorVersioned>().as_ref() };
+            if managed.version.major != 1 {
+                return Err(PyTypeError::new_err(format!(
+                    "{what}: DLPack {}.{} is not a version this reads (1.x)",
+                    managed.version.major, managed.version.minor
+                )));
+            }
+            if writable && managed.flags & (DLPACK_FLAG_READ_ONLY | DLPACK_FLAG_IS_COPIED) != 0 {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: the exporter hands this memory out {}: an output must be memory the \
+                     result can be written into",
+                    if managed.flags & DLPACK_FLAG_READ_ONLY != 0 {
+                        "read-only"
+                    } else {
+                        "as a copy"
+                    }
+                )));
+            }
+            &managed.dl_tensor
         } else {
+            let pointer = capsule.pointer_checked(Some(c"dltensor")).map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "{what}: __dlpack__ returned a capsule that is not an unused DLPack tensor"
+                ))
+            })?;
+            // SAFETY: a "dltensor" capsule holds a DLManagedTensor (DLPack's
+            // first ABI), alive while the capsule is unconsumed; only its
+            // plain fields are read, under the interpreter lock.
+            unsafe { &pointer.cast::<DlManagedTensor>().as_ref().dl_tensor }
+        };
+        let shape: Vec<i64> = match usize::try_from(tensor.ndim) {
+            Ok(0) => Vec::new(),
             // SAFETY: DLPack: `shape` holds `ndim` extents.
-            unsafe { std::slice::from_raw_parts(tensor.shape, tensor.ndim as usize) }.to_vec()
+            Ok(ndim) => unsafe { std::slice::from_raw_parts(tensor.shape, ndim) }.to_vec(),
+            Err(_) => {
+                return Err(PyValueError::new_err(format!(
+                    "{what}: the exporter says the tensor has {} dimensions",
+                    tensor.ndim
+                )))
+            }
         };
         if !tensor.strides.is_null() {
             // SAFETY: DLPack: non-null `strides` holds `ndim` strides.
-            let strides =
-                unsafe { std::slice::from_raw_parts(tensor.strides, tensor.ndim as usize) };
+            let strides = unsafe { std::slice::from_raw_parts(tensor.strides, shape.len()) };
             if !is_row_major(&shape, strides) {
                 return Err(PyValueError::new_err(format!(
                     "{what}: the tensor is not contiguous (shape {shape:?}, strides \
@@ -254,7 +278,29 @@ impl Memory {
                 )))
             }
         };
-        let count = shape.iter().product::<i64>().max(0) as usize;
+        // What the exporter says is checked before its address is used: no
+        // negative extent, and a size and an end address that fit.
+        let count = shape
+            .iter()
+            .try_fold(1usize, |count, &extent| {
+                count.checked_mul(usize::try_from(extent).ok()?)
+            })
+            .filter(|count| {
+                count
+                    .checked_mul(dtype.size_bytes())
+                    .and_then(|bytes| (tensor.data as usize).checked_add(bytes))
+                    .and_then(|end| end.checked_add(tensor.byte_offset as usize))
+                    .is_some_and(|end| end <= isize::MAX as usize)
+            })
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "{what}: the exporter's shape {shape:?} of {} elements at {:#x} + {} is not \
+                     memory that can exist",
+                    dtype_name(dtype),
+                    tensor.data as usize,
+                    tensor.byte_offset
+                ))
+            })?;
         let address = tensor.data as usize + tensor.byte_offset as usize;
         Memory::checked(
             what,
@@ -303,6 +349,26 @@ pub fn dtype_name(dtype: DType) -> &'static str {
         DType::I32 => "int32",
         DType::I64 => "int64",
         DType::U8 => "uint8",
+    }
+}
+
+/// `object.__dlpack__()`, as DLPack 1.x where the exporter speaks it (its
+/// flags say whether the memory is read-only), else DLPack's first ABI.
+/// stream=-1: the producer must not synchronise anything; the caller orders
+/// the streams (pcieipc.torch does, with events).
+fn dlpack_capsule<'py>(object: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let kwargs = pyo3::types::PyDict::new(object.py());
+    if is_cuda(object)? {
+        kwargs.set_item("stream", -1)?;
+    }
+    let legacy = kwargs.copy()?;
+    kwargs.set_item("max_version", (1, 0))?;
+    match object.call_method("__dlpack__", (), Some(&kwargs)) {
+        // An exporter from before DLPack 1.0 has no `max_version`.
+        Err(error) if error.is_instance_of::<PyTypeError>(object.py()) => {
+            object.call_method("__dlpack__", (), Some(&legacy))
+        }
+        result => result,
     }
 }
 
@@ -392,6 +458,25 @@ struct DlTensor {
     strides: *const i64,
     byte_offset: u64,
 }
+
+/// DLPack 1.x: the versioned tensor, whose flags say read-only or copied.
+#[repr(C)]
+struct DlManagedTensorVersioned {
+    version: DlPackVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DlTensor,
+}
+
+#[repr(C)]
+struct DlPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+const DLPACK_FLAG_READ_ONLY: u64 = 1 << 0;
+const DLPACK_FLAG_IS_COPIED: u64 = 1 << 1;
 
 #[repr(C)]
 struct DlManagedTensor {

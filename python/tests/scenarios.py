@@ -165,6 +165,55 @@ def collectives() -> None:
     dist.destroy_process_group()
 
 
+class DlpackOnly:
+    """Hands an array out through __dlpack__ alone, as exporters without the
+    buffer protocol (JAX, CuPy) do; numpy marks its read-only arrays so."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+class ForgedDlpack:
+    """An exporter that lies about its shape: a DLPack tensor (the first
+    ABI) over 16 bytes whose extents say otherwise."""
+
+    def __init__(self, shape):
+        import ctypes
+
+        class Device(ctypes.Structure):
+            _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+        class DataType(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+        class Tensor(ctypes.Structure):
+            _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32),
+                        ("dtype", DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                        ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+        class Managed(ctypes.Structure):
+            _fields_ = [("dl_tensor", Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+        self.memory = (ctypes.c_float * 4)()
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        float32 = DataType(2, 32, 1)
+        tensor = Tensor(ctypes.addressof(self.memory), Device(1, 0), len(shape), float32, self.shape, None, 0)
+        self.managed = Managed(tensor, None, None)
+        self.capsule_new = ctypes.pythonapi.PyCapsule_New
+        self.capsule_new.restype = ctypes.py_object
+        self.capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        self.address = ctypes.addressof(self.managed)
+
+    def __dlpack__(self, stream=None):
+        return self.capsule_new(self.address, b"dltensor", None)
+
+
 def host_communicator() -> None:
     """The bare communicator on numpy arrays and buffers, no torch groups."""
     import numpy as np
@@ -194,6 +243,11 @@ def host_communicator() -> None:
             "readonly": lambda: comm.all_reduce(np.zeros(3, np.float32), bytes(12)),
             "strided": lambda: comm.all_reduce(np.zeros((4, 4), np.float32)[:, 0]),
             "root": lambda: comm.broadcast(np.zeros(3, np.float32), root=WORLD),
+            "dlpack_readonly_output": lambda: comm.all_reduce(
+                np.zeros(4, np.float32), DlpackOnly(np.frombuffer(bytes(16), np.float32))
+            ),
+            "dlpack_negative_shape": lambda: comm.all_reduce(ForgedDlpack([-1, -1])),
+            "dlpack_overflowing_shape": lambda: comm.all_reduce(ForgedDlpack([2**62, 2**62])),
         }.items():
             try:
                 call()
@@ -201,6 +255,11 @@ def host_communicator() -> None:
             except Exception as error:
                 errors[label] = [type(error).__name__, isinstance(error, pcieipc.InvalidArgument), str(error)]
         findings["errors"] = errors
+        # A read-only array is a fine input through DLPack (numpy flags it in DLPack 1.x).
+        readonly = np.frombuffer(np.full(4, RANK + 1, np.float32).tobytes(), np.float32)
+        out4 = np.empty(4, np.float32)
+        comm.all_reduce(DlpackOnly(readonly), out4)
+        findings["dlpack_readonly_input"] = out4.tolist() == [sum(r + 1 for r in range(WORLD))] * 4
         # Nothing was lost: the next collective still agrees on every rank.
         check = np.full(4, RANK, dtype=np.int64)
         comm.all_reduce(check)

@@ -49,6 +49,12 @@ def test_host_communicator_takes_buffers_and_refuses_bad_arguments(tmp_path):
         assert errors["int8"][0] == "TypeError" and '"b"' in errors["int8"][2]
         assert errors["readonly"][0] == "TypeError" and "writable" in errors["readonly"][2]
         assert errors["strided"][0] == "TypeError" and "contiguous" in errors["strided"][2]
+        assert errors["dlpack_readonly_output"][0] == "ValueError", errors["dlpack_readonly_output"]
+        assert "read-only" in errors["dlpack_readonly_output"][2]
+        for label in ("dlpack_negative_shape", "dlpack_overflowing_shape"):
+            assert errors[label] and errors[label][0] == "ValueError", (label, errors[label])
+            assert "is not memory that can exist" in errors[label][2], errors[label]
+        assert result["dlpack_readonly_input"], result
         assert result["after_errors"], result
         assert result["closed"] == "the communicator is closed"
 
