@@ -100,10 +100,18 @@ pub(crate) struct BoundDevice {
     /// Notified on every interrupt and on every state change.
     #[pin]
     changed: CondVar,
-    /// Whether the device was retired (unbind): bus mastering is then off
-    /// for good. Held across every change of Bus Master Enable.
+    /// Who may have the device master the bus. Held across every change
+    /// of Bus Master Enable.
     #[pin]
-    retired: Mutex<bool>,
+    mastering: Mutex<Mastering>,
+}
+
+/// What Bus Master Enable follows.
+struct Mastering {
+    /// The device was retired (unbind): bus mastering is off for good.
+    retired: bool,
+    /// The DMA buffers allocated for the device that exist (`mappings`).
+    buffers: usize,
 }
 
 impl BoundDevice {
@@ -128,28 +136,37 @@ impl BoundDevice {
                 intx_masked: false,
             }),
             changed <- new_condvar!(),
-            retired <- new_mutex!(false),
+            mastering <- new_mutex!(Mastering {
+                retired: false,
+                buffers: 0,
+            }),
         })
     }
 
-    /// Whether the device's bus mastering follows its users: a generic
-    /// device is driven by userspace through its BAR windows, so it may
-    /// reach memory only while a file of /dev/pcieipc is open (the DMA
-    /// buffers whose bus addresses userspace handed it are freed with the
-    /// files). The kinds the module drives keep it from probe to unbind.
-    fn mastering_follows_users(&self) -> bool {
+    /// Whether the device's bus mastering follows its DMA buffers: a
+    /// generic device is driven by userspace through its BAR windows with
+    /// the bus addresses of the DMA buffers allocated for it, so it may
+    /// reach memory only while one of them exists (an open file of
+    /// /dev/pcieipc alone gives it nothing to reach). The kinds the module
+    /// drives keep it from probe to unbind.
+    fn mastering_follows_buffers(&self) -> bool {
         self.info.kind == DeviceKind::Generic
     }
 
-    /// A file of /dev/pcieipc was opened (`true`, the first one) or the last
-    /// one released (`false`): a generic device gets or loses bus mastering.
-    pub(crate) fn users_changed(&self, any: bool) {
-        if !self.mastering_follows_users() {
-            return;
-        }
-        let retired = self.retired.lock();
-        if !*retired {
-            pci_info::set_bus_master(&self.pdev, any);
+    /// A DMA buffer for this device was allocated (`true`) or is about to
+    /// be freed (`false`): the first gives a generic device bus mastering,
+    /// the last takes it away before its memory goes.
+    pub(crate) fn buffer_changed(&self, allocated: bool) {
+        let mut mastering = self.mastering.lock();
+        let before = mastering.buffers;
+        mastering.buffers = if allocated {
+            before + 1
+        } else {
+            before.saturating_sub(1)
+        };
+        let (was, is) = (before > 0, mastering.buffers > 0);
+        if self.mastering_follows_buffers() && !mastering.retired && was != is {
+            pci_info::set_bus_master(&self.pdev, is);
         }
     }
 
@@ -157,8 +174,8 @@ impl BoundDevice {
     /// device can no longer reach memory, nor the DMA buffers about to be
     /// freed.
     fn retire(&self) {
-        let mut retired = self.retired.lock();
-        *retired = true;
+        let mut mastering = self.mastering.lock();
+        mastering.retired = true;
         pci_info::set_bus_master(&self.pdev, false);
     }
 

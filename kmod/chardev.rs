@@ -69,13 +69,11 @@ impl MiscDevice for PcieIpcFile {
             GFP_KERNEL,
         )?;
         poll::install::<Self>(file);
-        registry::file_opened();
         Ok(me)
     }
 
     fn release(me: Pin<KBox<Self>>, file: &File) {
         mappings::release(file, me.dma.lock().id());
-        registry::file_released();
     }
 
     fn ioctl(me: Pin<&PcieIpcFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {

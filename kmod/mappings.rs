@@ -44,7 +44,27 @@ struct DmaEntry {
     key: u32,
     /// The file that allocated it (`attach`'s id).
     file: u64,
+    /// Declared before `buffer`, so dropped first: the device's bus
+    /// mastering follows its buffers and ends before their memory goes.
+    _mastering: BufferOfDevice,
     buffer: Arc<DmaBuffer>,
+}
+
+/// A DMA buffer counted against its device while it lives
+/// (`BoundDevice::buffer_changed`).
+struct BufferOfDevice(Arc<BoundDevice>);
+
+impl BufferOfDevice {
+    fn new(device: &Arc<BoundDevice>) -> Self {
+        device.buffer_changed(true);
+        BufferOfDevice(device.clone())
+    }
+}
+
+impl Drop for BufferOfDevice {
+    fn drop(&mut self) {
+        self.0.buffer_changed(false);
+    }
 }
 
 pub(crate) struct Mappings {
@@ -161,7 +181,7 @@ pub(crate) fn decode_dma_offset(offset: u64) -> Result<(u32, u64)> {
 /// the file has PCIEIPC_DMA_MAX_BUFFERS, or when the module has used up its
 /// keys; the device's errno when it is no longer usable (checked under the
 /// lock `device_gone` takes, so a buffer never outlives its device here).
-pub(crate) fn add_buffer(file: u64, device: &BoundDevice, buffer: DmaBuffer) -> Result<u32> {
+pub(crate) fn add_buffer(file: u64, device: &Arc<BoundDevice>, buffer: DmaBuffer) -> Result<u32> {
     let mut mappings = MAPPINGS.lock();
     device.check_usable()?;
     let owned = mappings.buffers.iter().filter(|e| e.file == file).count();
@@ -173,6 +193,7 @@ pub(crate) fn add_buffer(file: u64, device: &BoundDevice, buffer: DmaBuffer) -> 
         key,
         file,
         buffer: Arc::new(buffer, GFP_KERNEL)?,
+        _mastering: BufferOfDevice::new(device),
     };
     mappings.buffers.push(entry, GFP_KERNEL)?;
     mappings.next_key += 1;

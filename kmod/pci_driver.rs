@@ -90,8 +90,8 @@ impl pci::Driver for PcieIpcDriver {
             return Err(EOPNOTSUPP);
         };
         pdev.enable_device_mem()?;
-        // A generic device masters the bus only while /dev/pcieipc is open
-        // (`registry::add`, `BoundDevice::users_changed`).
+        // A generic device masters the bus only while a DMA buffer allocated
+        // for it exists (`BoundDevice::buffer_changed`).
         if kind != DeviceKind::Generic {
             pdev.set_master();
         }

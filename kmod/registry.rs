@@ -12,8 +12,6 @@ use crate::bound_device::BoundDevice;
 pub(crate) struct Devices {
     devices: KVec<Arc<BoundDevice>>,
     next_index: u32,
-    /// Open files of /dev/pcieipc.
-    open_files: u64,
 }
 
 kernel::sync::global_lock! {
@@ -22,7 +20,6 @@ kernel::sync::global_lock! {
     unsafe(uninit) static REGISTRY: Mutex<Devices> = Devices {
         devices: KVec::new(),
         next_index: 0,
-        open_files: 0,
     };
 }
 
@@ -49,31 +46,8 @@ pub(crate) fn add(device: Arc<BoundDevice>) -> Result {
     let mut registry = REGISTRY.lock();
     let bdf = device.info.bdf;
     registry.devices.retain(|d| d.info.bdf != bdf);
-    if registry.open_files > 0 {
-        device.users_changed(true);
-    }
     registry.devices.push(device, GFP_KERNEL)?;
     Ok(())
-}
-
-/// A file of /dev/pcieipc was opened: the first one gives generic devices
-/// bus mastering (`BoundDevice::users_changed`).
-pub(crate) fn file_opened() {
-    let mut registry = REGISTRY.lock();
-    registry.open_files += 1;
-    if registry.open_files == 1 {
-        registry.devices.iter().for_each(|d| d.users_changed(true));
-    }
-}
-
-/// A file of /dev/pcieipc was released: the last one takes generic devices'
-/// bus mastering away.
-pub(crate) fn file_released() {
-    let mut registry = REGISTRY.lock();
-    registry.open_files -= 1;
-    if registry.open_files == 0 {
-        registry.devices.iter().for_each(|d| d.users_changed(false));
-    }
 }
 
 /// The device of `index`, bound or gone.

@@ -4,8 +4,9 @@
 # Mappings go through an inode the module owns, so a device node on a tmpfs
 # that is unmounted leaves nothing behind; a device that goes frees its DMA
 # buffers at once, their mappings zapped, while their file is still open; a
-# generic device masters the bus only while /dev/pcieipc is open; a device
-# that holds its INTx line asserted is masked, not left storming.
+# generic device masters the bus only while a DMA buffer allocated for it
+# exists; a device that holds its INTx line asserted is masked, not left
+# storming.
 check "insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
 for f in 0000:02:00.0 0000:03:00.0; do
     echo pcieipc > "/sys/bus/pci/devices/$f/driver_override"
@@ -19,9 +20,22 @@ bus_master() { echo $(( 0x$(od -An -tx1 -j4 -N1 "/sys/bus/pci/devices/$1/config"
 check "edu, which the module drives: Bus Master Enable set with no file open" [ "$(bus_master 0000:01:00.0)" = 4 ]
 check "pci-testdev, driven from userspace: Bus Master Enable clear with no file open" [ "$(bus_master 0000:02:00.0)" = 0 ]
 exec 3</dev/pcieipc
-check "pci-testdev: Bus Master Enable set while a file of /dev/pcieipc is open" [ "$(bus_master 0000:02:00.0)" = 4 ]
+check "pci-testdev: Bus Master Enable still clear while a file of /dev/pcieipc is open with no DMA buffer" [ "$(bus_master 0000:02:00.0)" = 0 ]
 exec 3<&-
-check "pci-testdev: Bus Master Enable clear again once the last file is released" [ "$(bus_master 0000:02:00.0)" = 0 ]
+# A DMA buffer allocated for pci-testdev (device 1) held by dma-touch until /tmp/bm.go.
+buffer_masters() {
+    rm -f /tmp/bm.ready /tmp/bm.go
+    pcieipc-guest dma-touch --device 1 --size 4096 --ready /tmp/bm.ready --go /tmp/bm.go > /tmp/bm.out 2>&1 &
+    p=$!
+    while [ ! -e /tmp/bm.ready ] && kill -0 $p 2>/dev/null; do sleep 0.1; done
+    during=$(bus_master 0000:02:00.0)
+    during_edu=$(bus_master 0000:01:00.0)
+    touch /tmp/bm.go; wait $p; rc=$?
+    after=$(bus_master 0000:02:00.0)
+    cat /tmp/bm.out; echo "pci-testdev Bus Master Enable: $during with its buffer, $after after; edu: $during_edu"
+    [ "$rc" = 0 ] && [ "$during" = 4 ] && [ "$after" = 0 ] && [ "$during_edu" = 4 ]
+}
+check "pci-testdev: Bus Master Enable set while a DMA buffer allocated for it exists, clear once it is freed (edu's untouched)" buffer_masters
 
 check "BAR window mapped through a device node on a tmpfs, the tmpfs unmounted: no busy inode left" sh -c '
     mkdir -p /mnt/nodes && mount -t tmpfs nodes /mnt/nodes &&
