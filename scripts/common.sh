@@ -29,6 +29,15 @@ stop_started_and_remove_work() {
     rm -rf "$work"
 }
 
+# check WHAT COMMAND...: runs COMMAND and prints `PASS: WHAT` or `FAIL: WHAT`;
+# a failure sets `failed=1` (the caller tests it at the end), so every check
+# runs and reports.
+failed=0
+check() {
+    local what="$1"; shift
+    if "$@"; then echo "PASS: $what"; else echo "FAIL: $what"; failed=1; fi
+}
+
 # A TCP port free on loopback now.
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

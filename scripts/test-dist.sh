@@ -18,11 +18,6 @@ cd "$REPO_ROOT"
 source build/env.sh
 use_work_dir
 
-failed=0
-check() {
-    local what="$1"; shift
-    if "$@"; then echo "PASS: $what"; else echo "FAIL: $what"; failed=1; fi
-}
 
 # What `pcieipc --version` must name: the workspace's version and this
 # checkout's commit, as the CLI's build.rs reads it.
@@ -105,7 +100,8 @@ test_deb() {
     out="$(in_root dpkg --purge pcieipc 2>&1)" && rc=0 || rc=$?
     echo "$out" | sed 's/^/    dpkg --purge: /'
     check "dpkg --purge pcieipc" test "$rc" = 0
-    check "dpkg no longer knows pcieipc" sh -c "! chroot '$DISTRO_ROOT' dpkg -s pcieipc >/dev/null 2>&1"
+    forgotten() { ! in_root dpkg -s pcieipc >/dev/null 2>&1; }
+    check "dpkg no longer knows pcieipc" forgotten
     local left=()
     while read -r path; do [ -e "$DISTRO_ROOT$path" ] && left+=("$path"); done <<<"$files"
     check "none of its $(wc -l <<<"$files") files is left (${left[*]:-none})" test "${#left[@]}" = 0

@@ -40,11 +40,6 @@ cleanup
 mkdir -p "$aside"
 cp "$deb" "$DISTRO_ROOT$package"
 
-failed=0
-check() {
-    local what="$1"; shift
-    if "$@"; then echo "PASS: $what"; else echo "FAIL: $what"; failed=1; fi
-}
 # Runs COMMAND... in the root; its output in $out (and echoed), status in $rc.
 run_root() {
     out="$(in_root "$@" 2>&1)" && rc=0 || rc=$?
