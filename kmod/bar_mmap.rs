@@ -4,7 +4,8 @@
 //! the BAR), as VFIO's region offsets do; the window is mapped uncached, a
 //! page at a time as it is touched. The driver zaps a device's windows when
 //! it goes away; a later access maps the module's stand-in page
-//! (`mappings`), never a BAR the module no longer owns.
+//! (`mappings`), never a BAR the module no longer owns. A function reset
+//! zaps them too, and their faults wait for it to end.
 
 use kernel::{
     mm::virt::VmaNew,
@@ -29,8 +30,9 @@ pub(crate) fn mmap_offset(index: u32, bar: u32) -> u64 {
     (u64::from(index) << INDEX_SHIFT) | (u64::from(bar) << BAR_SHIFT)
 }
 
-/// Zaps every window of device `index` in every process (unbind, removal).
-/// Called after the device is marked gone, so no fault maps its BAR again.
+/// Zaps every window of device `index` in every process: after the device
+/// is marked gone (unbind, removal: no fault maps its BAR again), or marked
+/// resetting (faults wait for the reset's end).
 pub(crate) fn zap_device(index: u32) {
     mappings::zap(mmap_offset(index, 0), 1u64 << INDEX_SHIFT);
 }
@@ -79,7 +81,16 @@ impl FaultMapped for BarWindows {
     const UNCACHED: bool = true;
 
     fn fault(offset: u64, insert: PageInsert<'_>) -> Result<Inserted> {
+        // A function reset in progress: sleep until it ends (a signal ends
+        // the sleep, and the access faults again once it is handled).
+        if let Ok((device, _)) = window(offset, PAGE_SIZE as u64) {
+            if device.wait_for_reset().is_err() {
+                return Ok(insert.retry());
+            }
+        }
         mappings::insert_page(insert, |_| match window(offset, PAGE_SIZE as u64) {
+            // A reset began since the wait (its zap follows this decision).
+            Ok((device, _)) if device.is_resetting() => Ok(Backing::Retry),
             Ok((_, phys)) => Ok(Backing::Frame(phys >> PAGE_SHIFT)),
             // mmap checked the window: its device went since.
             Err(e) if e == ENODEV => Ok(Backing::Gone),

@@ -12,7 +12,7 @@ use kernel::{
     io::Io,
     new_condvar, new_mutex, new_spinlock_irq, pci,
     prelude::*,
-    sync::{aref::ARef, CondVar, CondVarTimeoutResult, Mutex, SpinLockIrq},
+    sync::{aref::ARef, Arc, CondVar, CondVarTimeoutResult, Mutex, SpinLockIrq},
     time::{msecs_to_jiffies, Jiffies},
 };
 
@@ -78,6 +78,10 @@ struct Events {
     /// Whether the handler masked the INTx line (`masks_intx` devices): only
     /// a line the handler masked is the waiters' to unmask.
     intx_masked: bool,
+    /// A function reset is in progress (`begin_reset`): BAR faults wait.
+    resetting: bool,
+    /// Ioctls in flight that hold the device's DMA memory (`DeviceUse`).
+    users: usize,
 }
 
 #[pin_data]
@@ -134,6 +138,8 @@ impl BoundDevice {
                 state: uapi::PCIEIPC_STATE_BOUND,
                 errors: 0,
                 intx_masked: false,
+                resetting: false,
+                users: 0,
             }),
             changed <- new_condvar!(),
             mastering <- new_mutex!(Mastering {
@@ -194,7 +200,12 @@ impl BoundDevice {
         if self.masks_intx() {
             // Masked and counted under the lock a waiter unmasks under.
             let mut events = self.events.lock();
-            if !pci_info::check_and_mask_intx(&self.pdev) {
+            // A line this handler masked cannot be this device's: it is
+            // another device's on a shared line, or this device ignores
+            // Interrupt Disable. Either way not handled here, so that the
+            // kernel's spurious-interrupt detection sees a storm (as VFIO's
+            // INTx handler does).
+            if events.intx_masked || !pci_info::check_and_mask_intx(&self.pdev) {
                 return false;
             }
             events.intx_masked = true;
@@ -207,6 +218,12 @@ impl BoundDevice {
         }
         if self.info.kind == DeviceKind::Edu {
             let status = self.acknowledge_edu();
+            // On a shared INTx line, no status bit means another device's
+            // interrupt. (A message is always edu's, even one whose status a
+            // previous handler already acknowledged.)
+            if status == 0 && self.info.irq_type == uapi::PCIEIPC_IRQ_INTX {
+                return false;
+            }
             if let (true, Some(regs)) = (status & EDU_IRQ_DMA != 0, &self.regs) {
                 self.edu_dma.step(regs);
             }
@@ -280,6 +297,46 @@ impl BoundDevice {
         self.changed.notify_all();
         if let Some(regs) = &self.regs {
             self.edu_dma.cancel(regs);
+        }
+    }
+
+    /// A function reset begins: frozen (`freeze`), and BAR faults wait
+    /// until `end_reset` (`wait_for_reset`), so that no access reaches the
+    /// device while it resets; the caller zaps the BAR windows after this,
+    /// so every page is faulted in again after the reset, as VFIO does.
+    pub(crate) fn begin_reset(&self) {
+        self.events.lock().resetting = true;
+        self.freeze();
+    }
+
+    /// The function reset ended: thawed, and BAR faults go on.
+    pub(crate) fn end_reset(&self) {
+        self.events.lock().resetting = false;
+        self.thaw();
+    }
+
+    /// Whether a function reset is in progress.
+    pub(crate) fn is_resetting(&self) -> bool {
+        self.events.lock().resetting
+    }
+
+    /// Sleeps until no function reset is in progress; `EINTR` on a signal.
+    pub(crate) fn wait_for_reset(&self) -> Result {
+        let mut events = self.events.lock();
+        while events.resetting {
+            if self.changed.wait_interruptible(&mut events) {
+                return Err(EINTR);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps until no ioctl holds the device's DMA memory (`DeviceUse`);
+    /// called once the device is marked gone, so that no new one starts.
+    pub(crate) fn wait_for_users(&self) {
+        let mut events = self.events.lock();
+        while events.users > 0 {
+            self.changed.wait(&mut events);
         }
     }
 
@@ -367,5 +424,48 @@ fn state_errno(state: u32) -> Result {
         uapi::PCIEIPC_STATE_BOUND => Ok(()),
         uapi::PCIEIPC_STATE_FROZEN => Err(EIO),
         _ => Err(ENODEV),
+    }
+}
+
+/// An ioctl's hold on a usable device while it allocates or copies the
+/// device's DMA memory: the device's removal waits for it to end
+/// (`wait_for_users`), so every DMA buffer of the device (the references a
+/// copy holds included) is freed before the driver's `remove` returns.
+pub(crate) struct DeviceUse(Arc<BoundDevice>);
+
+impl DeviceUse {
+    /// Holds `device`, or fails with the errno of a device that cannot be
+    /// used (checked under the lock that marks it gone).
+    pub(crate) fn begin(device: Arc<BoundDevice>) -> Result<Self> {
+        let mut events = device.events.lock();
+        state_errno(events.state)?;
+        events.users += 1;
+        drop(events);
+        Ok(DeviceUse(device))
+    }
+
+    /// The device held.
+    pub(crate) fn device(&self) -> &Arc<BoundDevice> {
+        &self.0
+    }
+}
+
+impl core::ops::Deref for DeviceUse {
+    type Target = BoundDevice;
+
+    fn deref(&self) -> &BoundDevice {
+        &self.0
+    }
+}
+
+impl Drop for DeviceUse {
+    fn drop(&mut self) {
+        let mut events = self.0.events.lock();
+        events.users -= 1;
+        let last = events.users == 0;
+        drop(events);
+        if last {
+            self.0.changed.notify_all();
+        }
     }
 }

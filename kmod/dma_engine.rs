@@ -148,6 +148,8 @@ const EDU_WINDOW: u32 = 0x40000;
 const EDU_WINDOW_SIZE: u64 = 4096;
 /// The interrupt status bit of a finished DMA command.
 pub(crate) const EDU_IRQ_DMA: u32 = 0x100;
+/// The bits of a bus address edu's DMA engine reaches (QEMU's default).
+pub(crate) const EDU_DMA_BITS: u32 = 28;
 
 /// A copy in progress on edu: each chunk goes RAM → edu's window, then
 /// window → RAM, each step started by the interrupt that ends the last.
@@ -175,7 +177,7 @@ impl EduCopy {
             let src = self.transfer.src.bus_addr() + self.transfer.src_offset + self.done;
             (src, u64::from(EDU_WINDOW), 0)
         };
-        // The DMA mask is 32 bits: bus addresses fit edu's 32-bit writes.
+        // The DMA mask (`EDU_DMA_BITS`): bus addresses fit edu's 32-bit writes.
         bar.try_write32(src as u32, EDU_DMA_SRC)?;
         bar.try_write32(dst as u32, EDU_DMA_DST)?;
         bar.try_write32(chunk, EDU_DMA_COUNT)?;

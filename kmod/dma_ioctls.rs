@@ -4,11 +4,13 @@
 //! tickets belong to the open file. A buffer lives in the module's table
 //! (mappings.rs) and is freed when its file is released or when its device
 //! goes, after its pages are zapped; a copy in flight holds its two buffers
-//! itself.
+//! itself, and the device (`DeviceUse`), whose removal waits for it: no
+//! buffer outlives its device's `remove`.
 
 use kernel::{mm::virt::VmaNew, prelude::*, sync::Arc};
 
 use crate::{
+    bound_device::DeviceUse,
     capability::{require_pci_access, require_sys_admin},
     dma_buffer::DmaBuffer,
     dma_engine::{CpuEngine, Ticket, Transfer},
@@ -59,13 +61,14 @@ pub(crate) fn alloc(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<i
         return Err(EINVAL);
     }
     require_sys_admin()?;
-    let device = registry::get(request.device)?;
-    device.check_usable()?;
+    // Held until the buffer is in the table (or freed): an unbind meanwhile
+    // waits, and then frees it with the device's others.
+    let device = DeviceUse::begin(registry::get(request.device)?)?;
     let owner = file.lock().id();
     let buffer = DmaBuffer::alloc(device.pdev.clone(), device.index, request.size as usize)?;
     arg.value.size = buffer.size() as u64;
     arg.value.bus_addr = buffer.bus_addr();
-    let handle = mappings::add_buffer(owner, &device, buffer)?;
+    let handle = mappings::add_buffer(owner, device.device(), buffer)?;
     arg.value.buffer = handle;
     arg.value.mmap_offset = mappings::dma_mmap_offset(handle);
     arg.write_back()?;
@@ -81,8 +84,9 @@ pub(crate) fn copy(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
         return Err(EINVAL);
     }
     require_sys_admin()?;
-    let device = registry::get(request.device)?;
-    device.check_usable()?;
+    // Held until the copy has dropped its buffers (a copy on edu's engine
+    // hands them to the engine, which its device's removal stops first).
+    let device = DeviceUse::begin(registry::get(request.device)?)?;
     let mut file = file.lock();
     if file.tickets.len() >= MAX_TICKETS {
         return Err(EBUSY);
@@ -186,9 +190,7 @@ pub(crate) fn wait(file: &kernel::sync::Mutex<DmaFile>, arg: usize) -> Result<is
 pub(crate) fn mmap(file: &kernel::sync::Mutex<DmaFile>, vma: &VmaNew, offset: u64) -> Result {
     require_sys_admin()?;
     let (handle, in_buffer) = mappings::decode_dma_offset(offset)?;
-    let buffer = file.lock().buffer(handle)?;
-    if !buffer.contains(in_buffer, (vma.end() - vma.start()) as u64) {
-        return Err(EINVAL);
-    }
+    let owner = file.lock().id();
+    mappings::check_window(owner, handle, in_buffer, (vma.end() - vma.start()) as u64)?;
     user_mapping::install_fault_handler::<DmaWindows>(vma)
 }

@@ -11,6 +11,7 @@ use kernel::{
 };
 
 use crate::{
+    bar_mmap,
     capability::{require_pci_access, require_sys_admin},
     events::EventLog,
     link,
@@ -242,15 +243,18 @@ pub(crate) fn reset(state: &FaultState, arg: usize) -> Result<isize> {
     let device = registry::get(arg.value.device)?;
     device.check_usable()?;
     let function = PciFunction::find(device.info.bdf)?;
-    // Frozen while the reset runs: waiters fail with EIO.
-    device.freeze();
+    // Frozen while the reset runs: waiters fail with EIO. The BAR windows
+    // are zapped and their faults wait for the reset's end, so no process
+    // reaches the device mid-reset, and every page maps afresh after it.
+    device.begin_reset();
+    bar_mmap::zap_device(device.index);
     let start = Instant::<Monotonic>::now();
     let outcome = function.reset();
     arg.value.elapsed_us = start
         .elapsed()
         .as_micros_ceil()
         .clamp(0, i64::from(u32::MAX)) as u32;
-    device.thaw();
+    device.end_reset();
     state.events.emit(uapi::pcieipc_event {
         kind: uapi::PCIEIPC_EVENT_RESET,
         bdf: device.info.bdf,

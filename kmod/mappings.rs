@@ -146,6 +146,8 @@ pub(crate) enum Backing {
     Frame(u64),
     /// The window's memory went away with its device: the stand-in page.
     Gone,
+    /// Nothing now: the access faults again (a reset is in progress).
+    Retry,
 }
 
 /// Inserts the page `backing` names, deciding and inserting under the lock
@@ -162,6 +164,7 @@ pub(crate) fn insert_page(
             let page = mappings.stand_in.as_ref().ok_or(ENODEV)?;
             Ok(insert.insert_ram(page))
         }
+        Backing::Retry => Ok(insert.retry()),
     }
 }
 
@@ -210,6 +213,23 @@ pub(crate) fn buffer(file: u64, key: u32) -> Result<Arc<DmaBuffer>> {
         .find(|e| e.key == key && e.file == file)
         .map(|e| e.buffer.clone())
         .ok_or(ENOENT)
+}
+
+/// Checks that `[offset, offset + len)` lies in buffer `key` of file
+/// `file` (ENOENT: no such buffer of the file; EINVAL: outside it), without
+/// taking a reference that could outlive the buffer's device.
+pub(crate) fn check_window(file: u64, key: u32, offset: u64, len: u64) -> Result {
+    let mappings = MAPPINGS.lock();
+    let entry = mappings
+        .buffers
+        .iter()
+        .find(|e| e.key == key && e.file == file)
+        .ok_or(ENOENT)?;
+    if entry.buffer.contains(offset, len) {
+        Ok(())
+    } else {
+        Err(EINVAL)
+    }
 }
 
 /// Frees the DMA buffers of device `index` (gone: its copy engine stopped

@@ -25,6 +25,7 @@ use crate::{
     bar_mmap,
     bar_regions::BarRegions,
     bound_device::{BoundDevice, DeviceInfo, DeviceKind, MAX_VECTORS},
+    dma_engine::EDU_DMA_BITS,
     fault,
     irq_vectors::IrqVectors,
     link, mappings,
@@ -96,13 +97,15 @@ impl pci::Driver for PcieIpcDriver {
             pdev.set_master();
         }
         if kind == DeviceKind::Edu {
-            // edu's DMA engine addresses 32 bits (and the testbed kernel has
-            // no ZONE_DMA for smaller masks).
+            // edu's DMA engine reaches 28 bits (QEMU's edu masks every DMA
+            // address with its dma_mask property, 2^28 - 1 by default, and
+            // the guest cannot read the property): a buffer above 256 MiB
+            // would have edu copy to the wrong memory.
             // SAFETY: no DMA allocation or mapping exists yet for this device.
             unsafe {
                 kernel::dma::Device::dma_set_mask_and_coherent(
                     pdev,
-                    kernel::dma::DmaMask::new::<32>(),
+                    kernel::dma::DmaMask::new::<EDU_DMA_BITS>(),
                 )
             }?;
         }
@@ -203,7 +206,8 @@ impl pci::Driver for PcieIpcDriver {
 }
 
 /// Queues DEVICE_GONE, then marks `device` gone (its waiters fail with
-/// ENODEV, its DMA engine stops, bus mastering is cleared), zaps its BAR
+/// ENODEV, its DMA engine stops, bus mastering is cleared), waits for the
+/// ioctls that hold its DMA memory (`DeviceUse`), zaps its BAR
 /// windows in every process, and frees its DMA buffers after zapping their
 /// mappings: nothing of the device stays reachable from userspace, and its
 /// memory is freed while the device is still bound. A process that touches
@@ -218,6 +222,8 @@ pub(crate) fn device_gone(device: &BoundDevice) {
     }
     fault::device_removed(device.info.bdf);
     device.mark_gone();
+    // An allocation or copy in flight holds DMA buffers of the device.
+    device.wait_for_users();
     bar_mmap::zap_device(device.index);
     mappings::device_gone(device.index);
 }

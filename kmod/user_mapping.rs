@@ -160,6 +160,12 @@ impl PageInsert<'_> {
         Inserted(unsafe { bindings::vmf_insert_pfn(self.vma, self.address, pfn as usize) })
     }
 
+    /// Inserts nothing: the access faults again when the process goes on
+    /// (after the signal it was woken by, if any).
+    pub(crate) fn retry(self) -> Inserted {
+        Inserted(bindings::vm_fault_reason_VM_FAULT_NOPAGE)
+    }
+
     /// Maps `page`, RAM the module owns, at the faulting address, cached
     /// whatever the region's own memory is: the caller keeps `page` until
     /// no mapping of the module is left (module unload).

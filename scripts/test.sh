@@ -91,6 +91,7 @@ datapath.toml datapath-dma.sh
 datapath.toml datapath-aer.sh
 datapath.toml hardening-datapath.sh
 hardening.toml hardening-mappings.sh
+intx-shared.toml intx-shared.sh
 datapath.toml lockdown.sh
 bigbar.toml long-copy.sh
 ivshmem-quad.toml datapath-ring4.sh

@@ -6,7 +6,8 @@
 # buffers at once, their mappings zapped, while their file is still open; a
 # generic device masters the bus only while a DMA buffer allocated for it
 # exists; a device that holds its INTx line asserted is masked, not left
-# storming.
+# storming; a function reset zaps the device's mapped BARs; an unbind waits
+# for the copies and allocations in flight, so no DMA memory outlives it.
 check "insmod pcieipc.ko" insmod /lib/modules/pcieipc.ko
 for f in 0000:02:00.0 0000:03:00.0; do
     echo pcieipc > "/sys/bus/pci/devices/$f/driver_override"
@@ -45,6 +46,26 @@ check "BAR window mapped through a device node on a tmpfs, the tmpfs unmounted: 
 
 check "e1000 holding INTx asserted: one interrupt counted and the line masked, not a storm; unmasked once the cause is cleared" \
     pcieipc-guest intx-level --device 2 --bdf 0000:03:00.0
+
+check "edu's 64 KiB DMA buffers lie within its 28-bit reach (QEMU's default), not in the CMA area at the top of memory, and edu's copy between the highest two arrives" \
+    pcieipc-guest dma-reach --device 0 --buffers 16 --size 65536
+
+check "e1000's function reset zaps its mapped BAR0 page (faulted in again after), and a reader of its Device Status through 5 resets never reads it mid-reset" \
+    pcieipc-guest reset-mapping --device 2 --offset 8
+
+dma_race() {
+    rm -f /tmp/race.ready
+    pcieipc-guest dma-race --device 1 --size 16777216 --ready /tmp/race.ready > /tmp/race.out 2>&1 &
+    p=$!
+    while [ ! -e /tmp/race.ready ] && kill -0 $p 2>/dev/null; do sleep 0.05; done
+    sleep 0.3
+    echo 0000:02:00.0 > /sys/bus/pci/drivers/pcieipc/unbind
+    wait $p; rc=$?
+    cat /tmp/race.out
+    dmesg | grep -E "DMA-API: (pci|pcieipc)" && return 1
+    [ "$rc" = 0 ]
+}
+check "pci-testdev unbound while 16 MiB copies and allocations of its DMA buffers run: each call succeeds or gets ENODEV/ENOENT, and no DMA memory outlives the unbind (DMA-API debugging)" dma_race
 
 check "unbind frees the device's 4 MiB DMA buffer at once, its mapping zapped (the stand-in page after, no SIGBUS), while its file is still open" sh -c '
     pcieipc-guest dma-touch --device 0 --size 4194304 --ready /tmp/dma.ready --go /tmp/dma.go > /tmp/dma.out 2>&1 &

@@ -18,7 +18,7 @@ use crate::{
     fabric::{self, Fabric},
     initramfs::{self, InitramfsError, MARK_DMESG_BEGIN, MARK_DMESG_END, MARK_EXIT, MARK_START},
     qmp::{Qmp, QmpError},
-    topology::{Topology, TopologyError},
+    topology::{Topology, TopologyError, Vm},
 };
 
 /// Default time limit of a run when neither the topology nor the caller sets one.
@@ -254,13 +254,12 @@ fn run_once(config: &RunConfig) -> Result<RunOutcome, RunError> {
     let control_listener = bind(&control_path)?;
     let qmp_listener = bind(&qmp_path)?;
 
-    let memory = topology.vm.memory_mib.unwrap_or(512);
     let args = qemu_args(
         config,
         &fabric,
         &servers,
         &initrd,
-        memory,
+        &topology.vm,
         &control_path,
         &qmp_path,
         &host_qmp_path,
@@ -324,7 +323,7 @@ fn qemu_args(
     fabric: &Fabric,
     servers: &[(String, RunningServer)],
     initrd: &Path,
-    memory_mib: u32,
+    vm: &Vm,
     control: &Path,
     qmp: &Path,
     host_qmp: &Path,
@@ -348,7 +347,7 @@ fn qemu_args(
     .map(String::from)
     .to_vec();
     args.push("-m".into());
-    args.push(memory_mib.to_string());
+    args.push(vm.memory_mib.unwrap_or(512).to_string());
     // ttyS1: the guest's requests to the harness (QEMU connects to our listener).
     args.push("-serial".into());
     args.push(format!("unix:{}", control.display()));
@@ -369,7 +368,11 @@ fn qemu_args(
     args.push("-append".into());
     // loglevel=4 keeps routine kernel messages off the console (the guest
     // dumps the whole log at the end).
-    args.push("console=ttyS0 loglevel=4 panic=-1".into());
+    let mut cmdline = "console=ttyS0 loglevel=4 panic=-1".to_string();
+    if let Some(extra) = &vm.kernel_args {
+        cmdline = format!("{cmdline} {extra}");
+    }
+    args.push(cmdline);
     // Native PCIe hotplug (pciehp) rather than q35's ACPI hotplug, so that
     // _OSC hands hotplug to the kernel like on a real server's root ports.
     args.push("-global".into());

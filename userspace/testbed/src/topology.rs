@@ -156,6 +156,8 @@ fn default_vectors() -> u16 {
 pub struct Vm {
     pub memory_mib: Option<u32>,
     pub timeout_s: Option<u64>,
+    /// Appended to the guest kernel's command line (`pci=nomsi`, say).
+    pub kernel_args: Option<String>,
 }
 
 /// A parsed and checked topology file.
@@ -201,6 +203,13 @@ impl Topology {
     }
 
     fn check(&self) -> Result<(), String> {
+        if let Some(args) = &self.vm.kernel_args {
+            if !args.chars().all(|c| c == ' ' || c.is_ascii_graphic()) {
+                return Err(format!(
+                    "kernel_args {args:?}: printable ASCII and spaces only"
+                ));
+            }
+        }
         if self.root_ports.is_empty() {
             return Err("no [[root_port]]: a topology needs at least one root port".into());
         }
@@ -436,6 +445,10 @@ pub(crate) mod tests {
     #[test]
     fn refuses_bad_fabrics_with_the_reason() {
         assert!(invalid("").contains("at least one root port"));
+        let control = format!("[vm]\nkernel_args = \"pci=nomsi\\ninit=/bin/sh\"\n{FABRIC}");
+        assert!(invalid(&control).contains("printable ASCII"));
+        let args = Topology::parse(&format!("[vm]\nkernel_args = \"pci=nomsi\"\n{FABRIC}"));
+        assert_eq!(args.unwrap().vm.kernel_args.as_deref(), Some("pci=nomsi"));
         let unknown_kind = FABRIC.replace("kind = \"edu\"", "kind = \"nvme\"");
         assert!(
             invalid(&unknown_kind).contains("unknown variant `nvme`"),

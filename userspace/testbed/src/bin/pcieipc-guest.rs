@@ -170,6 +170,44 @@ enum Command {
         #[arg(long)]
         bdf: String,
     },
+    /// edu and an e1000 on one INTx line: neither counts the other's
+    /// interrupts.
+    IntxShared {
+        #[arg(long)]
+        edu: u32,
+        #[arg(long)]
+        nic: u32,
+        #[arg(long)]
+        nic_bdf: String,
+    },
+    /// A function reset of DEVICE zaps its mapped BAR0, and a reader of
+    /// the register at OFFSET never reads it mid-reset.
+    ResetMapping {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        offset: usize,
+    },
+    /// BUFFERS DMA buffers of SIZE bytes of edu DEVICE lie within its
+    /// 28-bit reach, and edu's copy between the highest two arrives.
+    DmaReach {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        buffers: usize,
+        #[arg(long)]
+        size: u64,
+    },
+    /// Copies and allocations of SIZE-byte DMA buffers of DEVICE back to
+    /// back until the device goes; READY after the first copy.
+    DmaRace {
+        #[arg(long)]
+        device: u32,
+        #[arg(long)]
+        size: u64,
+        #[arg(long)]
+        ready: PathBuf,
+    },
     /// VERSION with an ABI 0.3 binary's smaller struct is accepted.
     ArgszOld,
     /// Two readers block in read() on one file: poll answers at once and
@@ -236,6 +274,20 @@ fn main() -> ExitCode {
             go,
         } => report(mappings::dma_touch(device, size, &ready, &go)),
         Command::IntxLevel { device, bdf } => report(mappings::intx_level(device, &bdf)),
+        Command::IntxShared { edu, nic, nic_bdf } => {
+            report(mappings::intx_shared(edu, nic, &nic_bdf))
+        }
+        Command::ResetMapping { device, offset } => report(mappings::reset_mapping(device, offset)),
+        Command::DmaReach {
+            device,
+            buffers,
+            size,
+        } => report(mappings::dma_reach(device, buffers, size)),
+        Command::DmaRace {
+            device,
+            size,
+            ready,
+        } => report(mappings::dma_race(device, size, &ready)),
         Command::ArgszOld => report(abi::old_struct()),
         Command::EventsBlockedRead => report(events::blocked_read()),
         Command::Fuzz { iterations, seed } => report(fuzz::run(iterations, seed)),
