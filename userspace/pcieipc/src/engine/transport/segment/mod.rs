@@ -79,9 +79,10 @@ pub(crate) trait Signalling: Send {
     /// must see at once); returns how many it woke.
     fn wake(&self, segment: &Segment, rank: usize, only_on: Option<usize>) -> usize;
 
-    /// Lets peers read this process's memory, where the transport has
-    /// `peer_reads`, until `end_peer_reads` or drop; false where they may not.
-    fn allow_peer_reads(&self) -> bool {
+    /// Lets the processes `peers` read this process's memory, where the
+    /// transport has `peer_reads`, until `end_peer_reads` or drop; false
+    /// where they may not.
+    fn allow_peer_reads(&self, _peers: &[u32]) -> bool {
         false
     }
 
@@ -313,7 +314,12 @@ impl Transport {
     /// (and nothing published) where peers may not read this process's
     /// memory.
     pub(crate) fn publish_probe(&self, messages: [u64; 4]) -> bool {
-        if !self.capabilities().peer_reads || !self.signalling.allow_peer_reads() {
+        let peers: Vec<u32> = (self.pids().into_iter())
+            .enumerate()
+            .filter(|(rank, _)| *rank != self.rank)
+            .map(|(_, pid)| pid)
+            .collect();
+        if !self.capabilities().peer_reads || !self.signalling.allow_peer_reads(&peers) {
             return false;
         }
         let status = &self.segment.control(self.rank).status;

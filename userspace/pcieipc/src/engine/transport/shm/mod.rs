@@ -182,12 +182,12 @@ impl Signalling for Futexes {
         &KIND
     }
 
-    fn allow_peer_reads(&self) -> bool {
+    fn allow_peer_reads(&self, peers: &[u32]) -> bool {
         let mut held = self
             .peer_reads
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        held.get_or_insert_with(peer_reads::Permission::acquire);
+        held.get_or_insert_with(|| peer_reads::Permission::acquire(peers));
         true
     }
 
