@@ -420,9 +420,14 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
         # Handed to the engine by device pointer on the caller's current
         # stream, in order with its work: queued there on the GPU hand-off,
         # done before the call returns on the host hand-off (ranks sharing a
-        # GPU without MPS). The caching allocator and later kernels need
-        # nothing more.
-        value = run(_OnStream(comm, torch.cuda.current_stream(device).cuda_stream), tensors)
+        # GPU without MPS). A tensor allocated on another stream is recorded
+        # on this one, so that the caching allocator hands its memory to no
+        # other tensor (freed, or resized meanwhile) before the queued call
+        # is done with it.
+        stream = torch.cuda.current_stream(device)
+        for tensor in tensors:
+            tensor.record_stream(stream)
+        value = run(_OnStream(comm, stream.cuda_stream), tensors)
         comm.check()
         return value
 

@@ -534,6 +534,168 @@ fn killed_rank_is_named_by_the_others() {
     assert_only_victim_killed(&outputs, VICTIM);
 }
 
+/// A rank 0 that broadcasts staging sizes no block can hold (a chunk whose
+/// slots overflow the block's size, a one-shot budget that is -8 as a word)
+/// is refused by every rank, naming rank 0 and the value, before anything
+/// is allocated or copied by them: no rank panics, wraps, or crashes.
+#[test]
+fn a_hostile_rank_0s_staging_geometry_is_refused() {
+    run_ranks(
+        "a_hostile_rank_0s_staging_geometry_is_refused",
+        2,
+        LIMIT,
+        |role| {
+            let honest = options(AlgorithmChoice::Auto);
+            let hostile = [
+                (
+                    "chunk",
+                    1usize << 62,
+                    CudaOptions {
+                        chunk_bytes: 1 << 62,
+                        ..honest.clone()
+                    },
+                ),
+                (
+                    "one-shot",
+                    usize::MAX - 7,
+                    CudaOptions {
+                        one_shot_read_budget: usize::MAX - 7,
+                        ..honest.clone()
+                    },
+                ),
+            ];
+            for (what, value, hostile_options) in hostile {
+                let joining = if role.rank == 0 {
+                    hostile_options
+                } else {
+                    honest.clone()
+                };
+                let gpu = Gpu::open(gpu_of(role.rank)).expect("open the rank's GPU");
+                let outcome = CudaCommunicator::init(
+                    &format!("{}-geometry-{what}", role.rendezvous),
+                    role.rank,
+                    role.nranks,
+                    gpu,
+                    joining,
+                );
+                match outcome {
+                    Err(EngineError::RendezvousProtocol { rank, reason, .. }) => {
+                        assert_eq!(rank, 0, "rank {} ({what}): {reason}", role.rank);
+                        assert!(
+                            reason.contains(&value.to_string()),
+                            "rank {} ({what}): the reason does not name {value}: {reason}",
+                            role.rank
+                        );
+                    }
+                    Err(other) => panic!(
+                        "rank {} ({what}): expected rank 0's geometry refused, got {other}",
+                        role.rank
+                    ),
+                    Ok(_) => panic!(
+                        "rank {} ({what}): rank 0's staging sizes were taken",
+                        role.rank
+                    ),
+                }
+            }
+        },
+    );
+}
+
+/// Words of a legacy IPC handle as the CUDA communicator shares it.
+const IPC_HANDLE_WORDS: usize = 8;
+
+/// `buffer`'s legacy IPC handle as the CUDA communicator shares it (its 64
+/// bytes as native-endian i64 words), made through the re-exported cudarc
+/// as any caller could.
+fn ipc_handle(gpu: &Gpu, buffer: &DeviceBuffer<u8>) -> [i64; IPC_HANDLE_WORDS] {
+    use pcieipc::engine::cuda::cudarc::driver::sys;
+    gpu.stream_handle()
+        .context()
+        .bind_to_thread()
+        .expect("bind the GPU's context");
+    let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: the buffer's address is the base of a cuMemAlloc'd block of
+    // the context just bound; the driver fills the 64-byte handle.
+    unsafe { sys::cuIpcGetMemHandle(&mut handle, buffer.address()) }
+        .result()
+        .expect("export the block");
+    std::array::from_fn(|word| {
+        i64::from_ne_bytes(std::array::from_fn(|byte| {
+            handle.reserved[word * 8 + byte] as u8
+        }))
+    })
+}
+
+/// A peer that shares a staging block smaller than the agreed layout
+/// (hostile, or broken) is named, with the sizes, by the rank that opens
+/// it, instead of being taken for a pair without peer-to-peer (the ranks
+/// would have gone through host memory, and a hostile peer could have had
+/// them copy past its block).
+///
+/// Rank 1 plays the peer at the staging step rather than at `register`:
+/// the public API is enough there (the control plane a CUDA communicator
+/// joins, a `DeviceBuffer`, and the re-exported cudarc to export it), and
+/// it is the init path the communicator cannot avoid. It shares 2 MiB, not
+/// a few KiB: the driver carves small blocks out of 2 MiB ones and may map
+/// those whole in the peer, so only a 2 MiB block opens as exactly its size
+/// and the message can be checked for it.
+#[test]
+fn a_peer_whose_ipc_block_is_too_small_is_named() {
+    const PEER: usize = 1;
+    const SHARED_BYTES: usize = 2 << 20;
+    run_ranks(
+        "a_peer_whose_ipc_block_is_too_small_is_named",
+        2,
+        LIMIT,
+        |role| {
+            // One GPU for both: the handle then opens without peer-to-peer
+            // between GPUs, so only its size can be refused.
+            let gpu = Gpu::open(0).expect("open GPU 0");
+            let rendezvous = format!("{}-undersized", role.rendezvous);
+            let honest = options(AlgorithmChoice::Auto);
+            if role.rank != PEER {
+                match CudaCommunicator::init(&rendezvous, role.rank, role.nranks, gpu, honest) {
+                    Err(EngineError::RendezvousProtocol { rank, reason, .. }) => {
+                        assert_eq!(rank, PEER, "{reason}");
+                        assert!(
+                            reason.contains(&format!("{SHARED_BYTES} bytes")),
+                            "the reason does not name the {SHARED_BYTES} bytes shared: {reason}"
+                        );
+                    }
+                    Err(other) => {
+                        panic!("expected rank {PEER}'s staging block refused, got {other}")
+                    }
+                    Ok(_) => panic!("init went on with rank {PEER}'s {SHARED_BYTES}-byte block"),
+                }
+                return;
+            }
+            // The control plane as `CudaCommunicator::init` joins it; its
+            // backend area is sized by rank 0's request alone.
+            let mut control =
+                Communicator::init(&rendezvous, role.rank, role.nranks, honest.control)
+                    .expect("join the control plane");
+            let mut geometry = [0i64; 4];
+            control
+                .broadcast(&mut geometry, 0)
+                .expect("rank 0's geometry");
+            let block = DeviceBuffer::<u8>::zeroed(&gpu, SHARED_BYTES).expect("allocate");
+            let handle = ipc_handle(&gpu, &block);
+            let mut handles = [0i64; 2 * IPC_HANDLE_WORDS];
+            // Then what rank 0 would do after the peer-to-peer check; it
+            // refused the block and left instead. The block stays allocated
+            // until then, so that rank 0 can open it.
+            let went_on = control
+                .all_gather(&handle, &mut handles)
+                .and_then(|()| control.all_reduce_in_place(&mut [0i64], ReduceOp::Max));
+            assert!(
+                went_on.is_err(),
+                "rank 0 went on past rank {PEER}'s {SHARED_BYTES}-byte staging block"
+            );
+            drop(block);
+        },
+    );
+}
+
 #[test]
 fn a_thousand_communicators_leak_no_device_memory() {
     a_thousand_communicators(

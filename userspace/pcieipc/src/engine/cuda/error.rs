@@ -31,6 +31,14 @@ pub enum CudaError {
     #[error("GPU {ordinal}: stream {stream:#x} belongs to another CUDA context than this GPU's primary one")]
     ForeignStream { ordinal: usize, stream: usize },
 
+    #[error("GPU {ordinal}: rank {peer}'s IPC allocation holds {got} bytes from the address it shares, this rank reads and writes {needed} there")]
+    PeerAllocationTooSmall {
+        ordinal: usize,
+        peer: usize,
+        got: usize,
+        needed: usize,
+    },
+
     #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
     BufferLength {
         ordinal: usize,

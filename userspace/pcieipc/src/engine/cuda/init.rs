@@ -16,7 +16,7 @@ use super::ipc::HANDLE_WORDS;
 use super::kernels::{HANDOFF_BLOCKS, HANDOFF_MAX_RANKS};
 use super::options::{CudaOptions, DataPath, Handoff, PeerToPeer};
 use super::registration::Registrations;
-use super::staging::{Staging, StagingLayout};
+use super::staging::{PeerToPeerCheck, Staging, StagingLayout, UndersizedPeerBlock};
 use crate::engine::{Algorithm, AlgorithmChoice, CommOptions, Communicator, EngineError};
 
 /// What a two-shot launch of the GPU hand-off carries by default.
@@ -24,6 +24,26 @@ const HANDOFF_LAUNCH_BYTES: usize = 32 << 20;
 
 /// The largest hand-off window a rank accepts from rank 0.
 const MAX_HANDOFF_WINDOW: usize = 1 << 30;
+
+/// The largest ring chunk (staging slot) a rank accepts from rank 0: 64
+/// times the default, and small enough that no staging offset can overflow
+/// and that a chunk's byte count fits the call descriptor's 32 bits.
+const MAX_STAGING_SLOT_BYTES: usize = 1 << 30;
+
+/// The largest one-shot buffer (one-shot budget) a rank accepts from rank 0:
+/// 4096 times the default, bounded for the same reasons.
+const MAX_ONE_SHOT_BYTES: usize = 1 << 30;
+
+/// Rank 0's `word` of staging bytes when within `0..=max`, rounded up to a
+/// multiple of 16 (at least 16), which keeps chunk boundaries on the
+/// kernels' vector width. `max` is a multiple of 16, so the result is at
+/// most `max`.
+fn staging_bytes(word: i64, max: usize) -> Option<usize> {
+    usize::try_from(word)
+        .ok()
+        .filter(|bytes| *bytes <= max)
+        .map(|bytes| bytes.max(16).next_multiple_of(16))
+}
 
 impl CudaCommunicator {
     /// Joins `rendezvous` as `rank` of `nranks` on `gpu`: the host control
@@ -87,18 +107,47 @@ impl CudaCommunicator {
                     geometry[2]
                 ))
             })?;
-        let layout = StagingLayout {
-            // 16-byte multiples keep chunk boundaries on the kernels' vector width.
-            slot_bytes: (geometry[0] as usize).max(16).next_multiple_of(16),
-            steps: 2 * nranks.saturating_sub(1),
-            one_shot_bytes: (geometry[1] as usize).max(16).next_multiple_of(16),
-        };
+        // Every rank allocates its staging block from these sizes and reads
+        // and writes its peers' by them: bounded, so that no offset wraps.
+        // A value is shown as rank 0 set it (a usize).
+        let slot_bytes = staging_bytes(geometry[0], MAX_STAGING_SLOT_BYTES).ok_or_else(|| {
+            refused(format!(
+                "chunk of {} bytes (0 to {MAX_STAGING_SLOT_BYTES})",
+                geometry[0] as u64
+            ))
+        })?;
+        let one_shot_bytes = staging_bytes(geometry[1], MAX_ONE_SHOT_BYTES).ok_or_else(|| {
+            refused(format!(
+                "one-shot budget of {} bytes (0 to {MAX_ONE_SHOT_BYTES})",
+                geometry[1] as u64
+            ))
+        })?;
+        let steps = 2 * nranks.saturating_sub(1);
+        let layout = StagingLayout::new(slot_bytes, steps, one_shot_bytes).ok_or_else(|| {
+            refused(format!(
+                "staging of {steps} steps' slots of {slot_bytes} bytes and one-shot buffers of \
+                 {one_shot_bytes} bytes, past the address space"
+            ))
+        })?;
         let (mut staging, handle) = Staging::new(&gpu, layout, rank, nranks).map_err(&err)?;
         let mut handles = vec![0i64; HANDLE_WORDS * nranks];
         control.all_gather(&handle, &mut handles)?;
         let reason = match options.peer_to_peer {
             PeerToPeer::Off => Some("peer-to-peer turned off".to_owned()),
-            PeerToPeer::Auto => staging.open_peers(rank, &handles).err(),
+            PeerToPeer::Auto => match staging.open_peers(rank, &handles) {
+                Ok(PeerToPeerCheck::Passed) => None,
+                Ok(PeerToPeerCheck::Failed { reason }) => Some(reason),
+                // Failed at once, without the agreement below: the peer may
+                // never come to it, and every honest rank opens the same
+                // block and so fails alike.
+                Err(UndersizedPeerBlock { peer, error }) => {
+                    return Err(EngineError::RendezvousProtocol {
+                        name: rendezvous.to_owned(),
+                        rank: peer,
+                        reason: format!("a staging block too small for the agreed layout: {error}"),
+                    })
+                }
+            },
         };
         // Every rank must take the same path: any failed check sends all to
         // the host. The highest failing rank's reason is the one reported.
@@ -165,7 +214,7 @@ impl CudaCommunicator {
                 blocks,
                 timeout: options.handoff_timeout,
                 algorithm: options.algorithm,
-                one_shot_bytes: layout.one_shot_bytes,
+                one_shot_bytes: layout.one_shot_bytes(),
             };
             let outcome = GpuHandoff::open(&gpu, &mut control, settings);
             match agree(&mut control, outcome)? {
@@ -201,5 +250,27 @@ impl CudaCommunicator {
             path,
             init_time: started.elapsed(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_0s_staging_sizes_are_bounded_then_rounded_to_vectors() {
+        for (word, bytes) in [
+            (0, Some(16)),
+            (1000, Some(1008)),
+            (16 << 20, Some(16 << 20)),
+            (1 << 30, Some(1 << 30)),
+            ((1 << 30) + 1, None),
+            (1 << 62, None),
+            (i64::MAX, None),
+            // usize::MAX - 7 as rank 0 broadcasts it.
+            (-8, None),
+        ] {
+            assert_eq!(staging_bytes(word, MAX_STAGING_SLOT_BYTES), bytes, "{word}");
+        }
     }
 }

@@ -52,9 +52,15 @@ pub(crate) struct PeerMemory {
 }
 
 impl PeerMemory {
+    /// Opens `peer`'s block from its handle `words`, of which this rank
+    /// will read and write the first `needed_bytes`. The handle comes from
+    /// the peer, which may be hostile or broken: a block too small for that
+    /// is refused, since the kernels and copies would go past its end.
     pub(crate) fn open(
         gpu: &Arc<Gpu>,
+        peer: usize,
         words: &[i64; HANDLE_WORDS],
+        needed_bytes: usize,
     ) -> Result<PeerMemory, CudaError> {
         gpu.bind()?;
         let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -75,10 +81,44 @@ impl PeerMemory {
         }
         .result()
         .map_err(gpu.driver("opening a peer's IPC handle"))?;
-        Ok(PeerMemory {
+        // Built before the size check, so that a refusal closes the handle.
+        let memory = PeerMemory {
             gpu: gpu.clone(),
             address,
-        })
+        };
+        let got = memory.bytes_from_address()?;
+        if got < needed_bytes {
+            return Err(CudaError::PeerAllocationTooSmall {
+                ordinal: gpu.ordinal(),
+                peer,
+                got,
+                needed: needed_bytes,
+            });
+        }
+        Ok(memory)
+    }
+
+    /// Bytes of the opened allocation from `address` to its end. The driver
+    /// may carve small cuMemAlloc blocks out of a larger allocation and map
+    /// that whole, with `address` inside it: what this rank may touch is
+    /// what lies past `address`, wherever the allocation starts.
+    fn bytes_from_address(&self) -> Result<usize, CudaError> {
+        let (mut base, mut size) = (0, 0);
+        // SAFETY: `address` was just mapped in the bound context; the driver
+        // writes the two words.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, self.address) }
+            .result()
+            .map_err(
+                self.gpu
+                    .driver("reading the size of a peer's IPC allocation"),
+            )?;
+        let end = base.saturating_add(size as u64);
+        let past_address = if base <= self.address {
+            end.saturating_sub(self.address)
+        } else {
+            0
+        };
+        Ok(usize::try_from(past_address).unwrap_or(usize::MAX))
     }
 
     pub(crate) fn address(&self) -> u64 {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::error::on_rank;
+use super::error::{on_rank, CudaError};
 use super::gpu::Gpu;
 use super::ipc::{self, PeerMemory, HANDLE_WORDS};
 use super::memory::{Allocation, DeviceBuffer};
@@ -59,7 +59,19 @@ impl Registrations {
             }
             let open = peer != rank && over_peer_to_peer;
             peers.push(if open {
-                Some(PeerMemory::open(gpu, ipc::handle_of(&words[1..], 0)).map_err(&err)?)
+                // The ring reads up to `bytes` of the peer's counterpart.
+                match PeerMemory::open(gpu, peer, ipc::handle_of(&words[1..], 0), bytes) {
+                    Ok(memory) => Some(memory),
+                    // The peer claims the bytes but shares less.
+                    Err(error @ CudaError::PeerAllocationTooSmall { .. }) => {
+                        return Err(EngineError::MismatchedRegistration {
+                            rank,
+                            peer,
+                            detail: error.to_string(),
+                        })
+                    }
+                    Err(error) => return Err(err(error)),
+                }
             } else {
                 None
             });

@@ -69,10 +69,12 @@ impl Blocks {
         let handle = ipc::export(gpu, own.address()).map_err(&err)?;
         let mut handles = vec![0i64; HANDLE_WORDS * nranks];
         control.all_gather(&handle, &mut handles)?;
+        // The kernels write flags and data anywhere in a peer's `bytes`: a
+        // block too small for that fails here, the error naming its rank.
         let peers = (0..nranks)
             .map(|peer| {
                 (peer != rank)
-                    .then(|| PeerMemory::open(gpu, ipc::handle_of(&handles, peer)))
+                    .then(|| PeerMemory::open(gpu, peer, ipc::handle_of(&handles, peer), bytes))
                     .transpose()
             })
             .collect::<Result<_, CudaError>>()

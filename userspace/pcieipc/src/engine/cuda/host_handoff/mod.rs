@@ -63,7 +63,7 @@ impl HostHandoff {
     ) -> Result<HostHandoff, CudaError> {
         let landing = match peer_read {
             PeerRead::Direct => None,
-            PeerRead::CopyEngine => Some(DeviceBuffer::zeroed(gpu, staging.layout.slot_bytes)?),
+            PeerRead::CopyEngine => Some(DeviceBuffer::zeroed(gpu, staging.layout.slot_bytes())?),
         };
         Ok(HostHandoff {
             gpu: gpu.clone(),
@@ -87,7 +87,7 @@ impl HostHandoff {
 
     /// Bytes per ring chunk (one staging slot).
     pub(super) fn chunk_bytes(&self) -> usize {
-        self.staging.layout.slot_bytes
+        self.staging.layout.slot_bytes()
     }
 
     /// The last call's descriptor (chunk_bytes 0 on the one-shot path; the
@@ -99,7 +99,7 @@ impl HostHandoff {
     /// The algorithm an all_reduce of `bytes` among `nranks` ranks takes.
     pub(super) fn algorithm(&self, bytes: usize, nranks: usize) -> Algorithm {
         let limits = Limits {
-            one_shot_read_budget: self.staging.layout.one_shot_bytes,
+            one_shot_read_budget: self.staging.layout.one_shot_bytes(),
             one_shot_max_ranks: ONE_SHOT_MAX_RANKS,
             direct_messages: None,
         };
@@ -139,7 +139,7 @@ impl HostHandoff {
         let bytes = call.bytes();
         let algorithm = self.algorithm(bytes, nranks);
         let registered = registrations.covers(call.input, bytes);
-        let descriptor = call.descriptor(algorithm, self.staging.layout.slot_bytes as u32);
+        let descriptor = call.descriptor(algorithm, self.staging.layout.slot_bytes() as u32);
         check_call(control, descriptor, registered)?;
         self.last_call = Some(CallDescriptor {
             chunk_bytes: match algorithm {

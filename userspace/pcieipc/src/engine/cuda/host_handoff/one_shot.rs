@@ -24,7 +24,7 @@ pub(super) fn run(
     let element = call.element;
     let schedule = OneShot {
         count: call.count,
-        window_elements: (staging.layout.one_shot_bytes / element).max(1),
+        window_elements: (staging.layout.one_shot_bytes() / element).max(1),
     };
     for round in 0..schedule.rounds() {
         let range = schedule.round(round);

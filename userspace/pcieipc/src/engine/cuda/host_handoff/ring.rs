@@ -41,7 +41,7 @@ pub(super) fn run(
     });
     let element = call.element;
     let steps = ring.steps();
-    let chunk_elements = (layout.slot_bytes / element).max(1);
+    let chunk_elements = (layout.slot_bytes() / element).max(1);
     let chunks = ring.chunks(chunk_elements);
     for iteration in 0..ring.iterations(chunks, 1) {
         let queued = (|| -> Result<(), CudaError> {
