@@ -257,7 +257,11 @@ pub fn dma_race(device: u32, size: u64, ready: &Path) -> CheckResult {
         let b = file.dma_alloc(device, size).map_err(|e| e.to_string())?;
         let mut copies = 0u64;
         loop {
-            let (src, dst) = if copies.is_multiple_of(2) { (&a, &b) } else { (&b, &a) };
+            let (src, dst) = if copies.is_multiple_of(2) {
+                (&a, &b)
+            } else {
+                (&b, &a)
+            };
             let ticket = match file.dma_copy((src, 0), (dst, 0), size) {
                 Ok(ticket) => ticket,
                 Err(e) if gone(&e) => return Ok(copies),
