@@ -780,6 +780,22 @@ fn sizes(args: &Args, element_bytes: usize) -> Vec<usize> {
     sizes
 }
 
+/// The first all_reduce after init, of two elements of `T` with `op`, to
+/// its result on the host, in milliseconds, the slowest rank's: what a job's
+/// first call costs beyond the steady state (the CUDA transport loads its
+/// kernels for the element type and reduction then: from the kernel store,
+/// or compiled).
+fn first_call<C: Collective, T: BenchElement>(comm: &mut C, op: ReduceOp) -> anyhow::Result<f64> {
+    let mut buffer = comm.upload(&[T::from_small(1), T::from_small(2)])?;
+    let started = Instant::now();
+    comm.all_reduce_in_place(&mut buffer, op)?;
+    comm.download(&buffer)?;
+    let mut first_call_ms = [started.elapsed().as_secs_f64() * 1e3];
+    comm.host()
+        .all_reduce_in_place(&mut first_call_ms, ReduceOp::Max)?;
+    Ok(first_call_ms[0])
+}
+
 fn sweep<C: Collective, T: BenchElement>(
     comm: &mut C,
     args: &Args,
@@ -791,9 +807,10 @@ fn sweep<C: Collective, T: BenchElement>(
     let sizes = sizes(args, element_bytes);
     let dtype = T::DTYPE.name();
     let op = args.op.name();
+    let first_call_ms = first_call::<C, T>(comm, args.op)?;
     if leader && !args.json {
         println!(
-            "# pcieipc bench: all_reduce, {nranks} ranks, {}, algorithm {}, chunks {}, init {init_ms:.2} ms (slowest rank)",
+            "# pcieipc bench: all_reduce, {nranks} ranks, {}, algorithm {}, chunks {}, init {init_ms:.2} ms, first call {first_call_ms:.3} ms (slowest rank each)",
             comm.describe(),
             match args.algorithm {
                 AlgorithmChoice::Auto => "auto".to_owned(),
@@ -896,6 +913,7 @@ fn sweep<C: Collective, T: BenchElement>(
                 "warmup_iters": args.warmup_iters,
                 "check": args.check == 1,
                 "init_ms": init_ms,
+                "first_call_ms": first_call_ms,
                 "results": rows,
                 "wrong": total_wrong,
                 "avg_busbw_gb_s": avg_busbw,

@@ -1,6 +1,7 @@
 //! The reduce kernels, one NVRTC module per (element type, reduction),
-//! compiled when a communicator first needs that pair and kept for the
-//! process's lifetime.
+//! loaded when a communicator first needs that pair (from the kernel store
+//! when an earlier process compiled it: `nvrtc`) and kept for the process's
+//! lifetime.
 //!
 //! Arithmetic follows the CPU engine (`engine::dtype`) so results match it:
 //! f16 and bf16 are widened to f32 and rounded back after every step, integer
@@ -14,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::error::{driver_error, CudaError};
+use super::nvrtc;
 use crate::engine::{DType, ReduceOp};
 
 /// Ranks the hand-off kernels serve (their exchange argument has a slot per
@@ -79,22 +80,6 @@ fn specialisation(dtype: DType, op: ReduceOp) -> String {
         "#define S {storage}\n#define C {compute}\n#define LD(x) {load}\n#define ST(c) {store}\n\
          #define OP(a, b) {operation}\n#define DIV(c, d) ((c) / (C)(d))\n"
     )
-}
-
-/// NVRTC's virtual architecture for a compute capability it is known to
-/// handle; `None` leaves NVRTC's default.
-fn architecture(capability: (i32, i32)) -> Option<&'static str> {
-    Some(match capability {
-        (7, 0) => "compute_70",
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        _ => return None,
-    })
 }
 
 /// Blocks of a hand-off launch, at most (`HBLOCKS`: the flags are per block).
@@ -211,18 +196,8 @@ impl KernelCache {
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
         let source = format!("{}{COMMON}{HANDOFF_COLLECTIVES}", specialisation(dtype, op));
-        let ptx = compile_ptx_with_opts(
-            source,
-            CompileOptions {
-                arch: architecture(capability),
-                name: Some(format!("pcieipc_{}_{}.cu", dtype.name(), op.name())),
-                ..CompileOptions::default()
-            },
-        )
-        .map_err(|error| CudaError::Compile {
-            ordinal,
-            log: error.to_string(),
-        })?;
+        let name = format!("pcieipc_{}_{}.cu", dtype.name(), op.name());
+        let ptx = nvrtc::module_image(&source, &name, capability, ordinal)?;
         let module = ctx
             .load_module(ptx)
             .map_err(driver("loading the reduce kernels"))?;
@@ -414,11 +389,5 @@ mod tests {
             text.contains("#define OP(a, b) fmaxf((a), (b))\n"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn unknown_capabilities_leave_nvrtc_its_default() {
-        assert_eq!(architecture((9, 0)), Some("compute_90"));
-        assert_eq!(architecture((6, 1)), None);
     }
 }
