@@ -163,6 +163,12 @@ pub struct Args {
     /// a CUDA graph and time one replay of it (nccl-tests' -G).
     #[arg(short = 'G', long)]
     graph: bool,
+    /// Instead of the table: at each size, ITERS out-of-place calls from
+    /// cold (no warm-up), each timed on its own (the slowest rank's time),
+    /// and how many calls it took to come within 10% of the steady time
+    /// (the median of the last quarter).
+    #[arg(long)]
+    cold_start: bool,
     /// Instead of the sweep: rank 0 waits in one 8-byte all_reduce for peers
     /// that arrive this many milliseconds late, and reports its CPU time.
     #[arg(long, value_name = "MS")]
@@ -486,7 +492,100 @@ fn run_collective<C: Collective>(
     if let Some(late_ms) = args.late_peer_ms {
         return late_peer(&mut comm, Duration::from_millis(late_ms), args.spin_us);
     }
+    if args.cold_start {
+        return pcieipc::with_element!(args.datatype, T => cold_start::<C, T>(&mut comm, args));
+    }
     pcieipc::with_element!(args.datatype, T => sweep::<C, T>(&mut comm, args, init_ms[0]))
+}
+
+/// How a size's first calls went (`--cold-start`).
+struct ColdStart {
+    /// Every call's time, the slowest rank's (µs).
+    calls_us: Vec<f64>,
+    /// The median of the last quarter of the calls.
+    steady_us: f64,
+    /// The first call within 10% of `steady_us`, counted from 1.
+    calls_to_steady: usize,
+}
+
+impl ColdStart {
+    fn new(calls_us: Vec<f64>) -> ColdStart {
+        let mut tail = calls_us[calls_us.len() - calls_us.len().div_ceil(4)..].to_vec();
+        tail.sort_by(f64::total_cmp);
+        let steady_us = tail[tail.len() / 2];
+        let calls_to_steady = calls_us
+            .iter()
+            .position(|&us| us <= steady_us * 1.1)
+            .map_or(calls_us.len(), |index| index + 1);
+        ColdStart {
+            calls_us,
+            steady_us,
+            calls_to_steady,
+        }
+    }
+}
+
+/// `--cold-start`: each size from cold, call by call.
+fn cold_start<C: Collective, T: BenchElement>(
+    comm: &mut C,
+    args: &Args,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.iters >= 4,
+        "--cold-start needs -n 4 or more calls per size"
+    );
+    let leader = comm.rank() == 0;
+    let (rank, op) = (comm.rank(), args.op);
+    let sizes = sizes(args, std::mem::size_of::<T>());
+    if leader && !args.json {
+        println!("# pcieipc bench --cold-start: all_reduce out of place, {} ranks, {}, {} calls per size from cold, each the slowest rank's", comm.nranks(), comm.describe(), args.iters);
+        println!("#       size   first (us)  second (us)  steady (us)  calls to within 10%");
+    }
+    let mut rows = Vec::with_capacity(sizes.len());
+    for bytes in sizes {
+        let count = bytes / std::mem::size_of::<T>();
+        let host_input: Vec<T> = (0..count).map(|index| pattern(rank, index, op)).collect();
+        let input = comm.upload(&host_input)?;
+        let mut output = comm.upload(&host_input)?;
+        let mut calls_us = Vec::with_capacity(args.iters);
+        for _ in 0..args.iters {
+            let started = Instant::now();
+            comm.all_reduce(&input, &mut output, op)?;
+            comm.wait_queued()?;
+            calls_us.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        comm.host()
+            .all_reduce_in_place(&mut calls_us, ReduceOp::Max)?;
+        let cold = ColdStart::new(calls_us);
+        if leader && !args.json {
+            println!(
+                "{bytes:>12}  {:>11.2}  {:>11.2}  {:>11.2}  {:>19}",
+                cold.calls_us[0], cold.calls_us[1], cold.steady_us, cold.calls_to_steady
+            );
+        }
+        rows.push(json!({
+            "size_bytes": bytes,
+            "calls_us": cold.calls_us,
+            "steady_us": cold.steady_us,
+            "calls_to_steady": cold.calls_to_steady,
+        }));
+    }
+    if leader && args.json {
+        let report = json!({
+            "schema_version": 1,
+            "collective": "all_reduce",
+            "mode": "cold_start",
+            "nranks": comm.nranks(),
+            "transport": comm.transport_name(),
+            "path": comm.describe(),
+            "datatype": T::DTYPE.name(),
+            "op": op.name(),
+            "iters": args.iters,
+            "results": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// CPU time this thread has run, from the scheduler's own accounting
@@ -945,6 +1044,23 @@ fn sweep<C: Collective, T: BenchElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cold_start_counts_the_calls_to_within_10_percent_of_the_tail() {
+        // Slow first calls, then steady at 100 with noise.
+        let calls = vec![
+            400.0, 300.0, 200.0, 112.0, 108.0, 100.0, 95.0, 104.0, 100.0, 99.0, 101.0, 100.0,
+        ];
+        let cold = ColdStart::new(calls);
+        assert_eq!(cold.steady_us, 100.0);
+        assert_eq!(cold.calls_to_steady, 5);
+        // Steady from the first call.
+        assert_eq!(ColdStart::new(vec![10.0; 8]).calls_to_steady, 1);
+        // Calls faster than the tail count as steady.
+        let slowing = ColdStart::new(vec![1.0, 2.0, 3.0, 4.0, 50.0, 60.0, 70.0, 80.0]);
+        assert_eq!(slowing.steady_us, 80.0);
+        assert_eq!(slowing.calls_to_steady, 1);
+    }
 
     #[test]
     fn streaming_stores_parse_auto_off_and_sizes() {
