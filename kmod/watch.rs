@@ -11,7 +11,7 @@ use kernel::{
     workqueue::{self, impl_has_delayed_work, DelayedWork, WorkItem},
 };
 
-use crate::{delayed_work, events::EventLog, link, pci_function::PciFunction, uapi};
+use crate::{delayed_work, events::EventLog, link, pci_function::PciFunction, registry, uapi};
 
 pub(crate) const MIN_PERIOD_MS: u32 = 10;
 pub(crate) const MAX_PERIOD_MS: u32 = 60_000;
@@ -87,9 +87,19 @@ impl Watch {
     /// One check: heartbeat first (a gone device also has no link to read).
     fn check(&self) -> bool {
         let ids = self.function.config_read32(0);
+        // A device this module binds reads all ones while the kernel
+        // recovers it from an error or resets it (frozen): that recovery,
+        // not this check, says whether it is gone (a permanent failure
+        // queues DEVICE_GONE itself).
+        let recovering = ids == u32::MAX
+            && registry::get_bound_by_bdf(self.bdf)
+                .is_ok_and(|device| device.state() == uapi::PCIEIPC_STATE_FROZEN);
         let mut seen = self.seen.lock();
         if seen.gone {
             return false;
+        }
+        if recovering {
+            return true;
         }
         if ids == u32::MAX {
             seen.gone = true;
