@@ -10,9 +10,14 @@
 //! both slots filled past the cache, the successor reads from memory and the
 //! same calls ran at 4–7.5 GB/s out of place in either state (docs/engine.md,
 //! Slot fills chosen by measurement). Neither fixed choice holds in both
-//! states, so each class of call (kind and power-of-two size) runs one call
-//! in `PROBE_EVERY` on the other fill and keeps it when that call took
-//! clearly less time than the kept fill's recent calls.
+//! states, so each class of call (kind, power-of-two size, in place or
+//! not) tries both fills once its first calls have warmed the caches
+//! (`TRIALS`) and keeps the faster, then runs one call in `PROBE_EVERY` on
+//! the other fill and keeps it when that call took clearly less time than
+//! the kept fill's recent calls. Probes alone took tens of calls to leave a
+//! slow start: on the EPYC, out-of-place 256 KiB calls ran at ~200 µs on
+//! plain fills until the 64th call's probe, where the other fill ran them
+//! at ~60.
 //!
 //! Rank 0 chooses, from its own call times, as it chooses the chunk, and the
 //! call's descriptor carries the choice to the others (`bypass_slots`). Ranks
@@ -53,6 +58,15 @@ impl SlotFill {
 
 /// One call of a class in this many runs on the fill not kept.
 pub(crate) const PROBE_EVERY: u32 = 64;
+/// A class's calls in this range alternate the fills, the other first, and
+/// after them the class keeps the faster; two calls of each, a fill's better
+/// one its time, so one stalled call does not decide. Not from call 0: a
+/// size's first calls bring its data into the caches (call 0 backs its slots
+/// too), up to 5 calls at 512 KiB to 8 MiB on the 2-vCPU and 16-vCPU Xeons,
+/// and trials among them measured the warming more than the fills;
+/// non-temporal trials also kept the caches colder, which put off the
+/// steady rate by several calls.
+const TRIALS: std::ops::Range<u32> = 8..12;
 /// A probe wins when it took less than this share of the kept fill's
 /// typical time. The two states differ by 2–7× on the EPYC VM and the fills
 /// by about 1.8× where plain stores are the faster, so a margin this wide
@@ -71,6 +85,9 @@ struct Class {
     bypass: bool,
     /// Calls of this class so far.
     calls: u32,
+    /// The best times of the kept and the other fill in the trials (ns).
+    kept_best: Option<u64>,
+    other_best: Option<u64>,
     /// The kept fill's latest call times (ns), `filled` of them, the next
     /// written at `next`.
     recent: [u64; RECENT_CALLS],
@@ -87,8 +104,25 @@ impl Class {
         }
     }
 
+    /// Whether the next call is one of the trials (`TRIALS`).
+    fn in_trials(&self) -> bool {
+        TRIALS.contains(&self.calls)
+    }
+
+    /// Whether the next call runs on the fill not kept: every other trial
+    /// (the first included), or a probe.
     fn is_probe(&self) -> bool {
+        if self.in_trials() {
+            return (self.calls - TRIALS.start).is_multiple_of(2);
+        }
         self.calls % PROBE_EVERY == PROBE_EVERY - 1
+    }
+
+    fn flip(&mut self, nanos: u64) {
+        self.bypass = !self.bypass;
+        self.filled = 0;
+        self.next = 0;
+        self.remember(nanos);
     }
 
     fn typical_nanos(&self) -> Option<u64> {
@@ -111,18 +145,22 @@ pub(crate) struct FillChooser {
     classes: Vec<Class>,
 }
 
-/// A class of ring call: which collective and the power of two its
-/// message size rounds up to.
+/// A class of ring call: which collective, the power of two its message
+/// size rounds up to, and whether it runs in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct CallClass(usize);
 
+/// Collectives (all_reduce and broadcast share one) times in place or not.
+const KINDS: usize = 3 * 2;
+
 impl CallClass {
-    pub(crate) fn new(kind: CallKind, message_bytes: usize) -> CallClass {
+    pub(crate) fn new(kind: CallKind, message_bytes: usize, in_place: bool) -> CallClass {
         let kind_index = match kind {
             CallKind::AllReduce | CallKind::Broadcast => 0,
             CallKind::ReduceScatter => 1,
             CallKind::AllGather => 2,
         };
+        let kind_index = 2 * kind_index + usize::from(in_place);
         let log2_ceil = (usize::BITS - message_bytes.saturating_sub(1).leading_zeros()) as usize;
         CallClass(kind_index * SIZE_CLASSES + log2_ceil)
     }
@@ -131,7 +169,7 @@ impl CallClass {
 impl FillChooser {
     pub(crate) fn new() -> FillChooser {
         FillChooser {
-            classes: vec![Class::default(); 3 * SIZE_CLASSES],
+            classes: vec![Class::default(); KINDS * SIZE_CLASSES],
         }
     }
 
@@ -150,15 +188,27 @@ impl FillChooser {
     /// took `nanos`.
     pub(crate) fn record(&mut self, class: CallClass, nanos: u64) {
         let state = &mut self.classes[class.0];
-        if state.is_probe() {
+        let best = |best: Option<u64>| Some(best.map_or(nanos, |best| best.min(nanos)));
+        if state.in_trials() {
+            if state.is_probe() {
+                state.other_best = best(state.other_best);
+            } else {
+                state.kept_best = best(state.kept_best);
+                state.remember(nanos);
+            }
+            if state.calls == TRIALS.end - 1 {
+                if let (Some(other), Some(kept)) = (state.other_best, state.kept_best) {
+                    if (other as f64) < kept as f64 * PROBE_WINS_BELOW {
+                        state.flip(other);
+                    }
+                }
+            }
+        } else if state.is_probe() {
             let wins = state
                 .typical_nanos()
                 .is_some_and(|typical| (nanos as f64) < typical as f64 * PROBE_WINS_BELOW);
             if wins {
-                state.bypass = !state.bypass;
-                state.filled = 0;
-                state.next = 0;
-                state.remember(nanos);
+                state.flip(nanos);
             }
         } else {
             state.remember(nanos);
@@ -171,7 +221,7 @@ impl FillChooser {
 mod tests {
     use super::*;
 
-    const CLASS: fn() -> CallClass = || CallClass::new(CallKind::AllReduce, 256 << 10);
+    const CLASS: fn() -> CallClass = || CallClass::new(CallKind::AllReduce, 256 << 10, false);
 
     /// Runs `calls` calls of one class, each taking what `nanos` says for
     /// its fill, and returns the fills used.
@@ -208,7 +258,9 @@ mod tests {
         let mut chooser = FillChooser::new();
         let fills = run(&mut chooser, 4 * PROBE_EVERY, fast_cache);
         for (call, fill) in fills.iter().enumerate() {
-            let probe = call as u32 % PROBE_EVERY == PROBE_EVERY - 1;
+            let call = call as u32;
+            let trial = call == TRIALS.start || call == TRIALS.start + 2;
+            let probe = trial || call % PROBE_EVERY == PROBE_EVERY - 1;
             let expected = if probe {
                 SlotFill::Bypass
             } else {
@@ -216,6 +268,34 @@ mod tests {
             };
             assert_eq!(*fill, expected, "call {call}");
         }
+    }
+
+    #[test]
+    fn a_class_whose_plain_fills_are_slow_moves_to_bypass_after_its_trials() {
+        let mut chooser = FillChooser::new();
+        // The first calls (first touches, cold caches) are slow whatever
+        // their fill, and are not trials.
+        let fills = run(&mut chooser, 12, |call, fill| match call {
+            0 => 3_000_000,
+            1..=7 => 900_000,
+            _ => slow_cache(call, fill),
+        });
+        use SlotFill::{Bypass, Cached};
+        assert_eq!(fills[..8], [Cached; 8]);
+        assert_eq!(fills[8..], [Bypass, Cached, Bypass, Cached]);
+        let fills = run(&mut chooser, PROBE_EVERY - 13, slow_cache);
+        assert!(fills.iter().all(|fill| *fill == Bypass), "{fills:?}");
+        // One stalled trial call does not decide: the other trial counts.
+        let mut chooser = FillChooser::new();
+        run(&mut chooser, 12, |call, fill| match call {
+            8 => 9_000_000,
+            _ => slow_cache(call, fill),
+        });
+        assert_eq!(chooser.choose(CLASS()), Bypass);
+        // Where plain fills are faster, the class stays on them.
+        let mut chooser = FillChooser::new();
+        run(&mut chooser, 12, fast_cache);
+        assert_eq!(chooser.choose(CLASS()), Cached);
     }
 
     #[test]
@@ -264,11 +344,22 @@ mod tests {
 
     #[test]
     fn classes_choose_apart() {
-        let small = CallClass::new(CallKind::AllReduce, 64 << 10);
-        let large = CallClass::new(CallKind::AllReduce, 1 << 20);
+        let small = CallClass::new(CallKind::AllReduce, 64 << 10, false);
+        let large = CallClass::new(CallKind::AllReduce, 1 << 20, false);
         assert_ne!(small, large);
-        assert_ne!(small, CallClass::new(CallKind::ReduceScatter, 64 << 10));
-        assert_eq!(CallClass::new(CallKind::AllReduce, (32 << 10) + 1), small);
+        assert_ne!(
+            small,
+            CallClass::new(CallKind::ReduceScatter, 64 << 10, false)
+        );
+        assert_ne!(small, CallClass::new(CallKind::AllReduce, 64 << 10, true));
+        assert_ne!(
+            CallClass::new(CallKind::AllGather, usize::MAX, true),
+            CallClass::new(CallKind::AllGather, usize::MAX, false)
+        );
+        assert_eq!(
+            CallClass::new(CallKind::AllReduce, (32 << 10) + 1, false),
+            small
+        );
         let mut chooser = FillChooser::new();
         for _ in 0..2 * PROBE_EVERY {
             for (class, times) in [

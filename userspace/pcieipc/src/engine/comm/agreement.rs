@@ -134,12 +134,19 @@ impl Agreement {
     }
 
     /// This rank's decisions for `call`, as its decider: the chunk, and for
-    /// the ring's calls the slot fill.
-    pub(crate) fn decide(&mut self, transport: &Transport, call: &mut CallDescriptor) {
+    /// the ring's calls the slot fill (measured apart in place and out of
+    /// place, as this rank makes the call: their working sets differ).
+    pub(crate) fn decide(
+        &mut self,
+        transport: &Transport,
+        call: &mut CallDescriptor,
+        in_place: bool,
+    ) {
         let message_bytes = self.message_bytes(call);
         call.chunk_bytes = self.chunk_for(transport, message_bytes, call.dtype.size_bytes());
         if call.kind != CallKind::Broadcast {
-            call.bypass_slots = self.decide_fill(call.kind, message_bytes);
+            call.bypass_slots =
+                self.decide_fill(CallClass::new(call.kind, message_bytes, in_place));
         }
     }
 
@@ -163,15 +170,14 @@ impl Agreement {
         (wished / element_bytes * element_bytes) as u32
     }
 
-    /// Whether a ring call of `kind` and `message_bytes` fills its slots
-    /// past the cache (below the streaming threshold): what this rank's
-    /// measurements keep, or the probe they are due (`slot_fill`). The
-    /// call's time reaches them in `finish`.
-    fn decide_fill(&mut self, kind: CallKind, message_bytes: usize) -> bool {
+    /// Whether a ring call of `class` fills its slots past the cache (below
+    /// the streaming threshold): what this rank's measurements keep, or the
+    /// trial they are due (`slot_fill`). The call's time reaches them in
+    /// `finish`.
+    fn decide_fill(&mut self, class: CallClass) -> bool {
         let Some(chooser) = &self.fill_chooser else {
             return false;
         };
-        let class = CallClass::new(kind, message_bytes);
         self.measured = Some((class, monotonic_ns()));
         chooser.choose(class) == SlotFill::Bypass
     }

@@ -238,14 +238,17 @@ impl Communicator {
             input.len(),
             output.len() * self.peers.nranks,
         )?;
-        let call = self.begin(Agreement::describe(
-            CallKind::ReduceScatter,
-            T::DTYPE,
-            Some(op),
-            output.len(),
-            0,
-            Algorithm::Ring,
-        ))?;
+        let call = self.begin(
+            Agreement::describe(
+                CallKind::ReduceScatter,
+                T::DTYPE,
+                Some(op),
+                output.len(),
+                0,
+                Algorithm::Ring,
+            ),
+            false,
+        )?;
         let result = self.ring(
             call,
             RingCall::ReduceScatter(op),
@@ -266,14 +269,17 @@ impl Communicator {
             output.len(),
             input.len() * self.peers.nranks,
         )?;
-        let call = self.begin(Agreement::describe(
-            CallKind::AllGather,
-            T::DTYPE,
-            None,
-            input.len(),
-            0,
-            Algorithm::Ring,
-        ))?;
+        let call = self.begin(
+            Agreement::describe(
+                CallKind::AllGather,
+                T::DTYPE,
+                None,
+                input.len(),
+                0,
+                Algorithm::Ring,
+            ),
+            false,
+        )?;
         let result = self.ring(
             call,
             RingCall::AllGather,
@@ -292,14 +298,17 @@ impl Communicator {
         if root >= nranks {
             return Err(EngineError::RootOutOfRange { root, nranks });
         }
-        let call = self.begin(Agreement::describe(
-            CallKind::Broadcast,
-            T::DTYPE,
-            None,
-            buffer.len(),
-            root,
-            Algorithm::Ring,
-        ))?;
+        let call = self.begin(
+            Agreement::describe(
+                CallKind::Broadcast,
+                T::DTYPE,
+                None,
+                buffer.len(),
+                root,
+                Algorithm::Ring,
+            ),
+            true,
+        )?;
         let result = if nranks == 1 {
             Ok(None)
         } else {
@@ -323,14 +332,11 @@ impl Communicator {
                          reads, allowed between all ranks, and single-copy on)",
             });
         }
-        let call = self.begin(Agreement::describe(
-            CallKind::AllReduce,
-            T::DTYPE,
-            Some(op),
-            count,
-            0,
-            algorithm,
-        ))?;
+        let in_place = matches!(buffers, Buffers::InPlace(_));
+        let call = self.begin(
+            Agreement::describe(CallKind::AllReduce, T::DTYPE, Some(op), count, 0, algorithm),
+            in_place,
+        )?;
         let result = if self.peers.nranks == 1 {
             if let Buffers::OutOfPlace { input, output } = &mut buffers {
                 output.copy_from_slice(input);
@@ -363,9 +369,14 @@ impl Communicator {
         collectives::ring(peers, streams, &self.ring, call, ring_call, buffers).map(Some)
     }
 
-    /// Starts call `call` (its decisions still open) on every part.
-    fn begin(&mut self, call: CallDescriptor) -> Result<CallDescriptor, EngineError> {
-        let call = self.peers.begin_call(call)?;
+    /// Starts call `call` (its decisions still open; `in_place`: whether
+    /// this rank's output is its input) on every part.
+    fn begin(
+        &mut self,
+        call: CallDescriptor,
+        in_place: bool,
+    ) -> Result<CallDescriptor, EngineError> {
+        let call = self.peers.begin_call(call, in_place)?;
         self.streams.begin_call();
         Ok(call)
     }

@@ -118,13 +118,15 @@ impl Peers {
         self.monitor.faults()
     }
 
-    /// Starts the call `call` describes (its decisions still open): refuses
-    /// if the communicator has failed, acts on the device's faults, settles
-    /// the chunk size and slot fill (deciding them, or adopting rank 0's),
-    /// and publishes the call for the peers to check.
+    /// Starts the call `call` describes (its decisions still open; this
+    /// rank's output is its input where `in_place`): refuses if the
+    /// communicator has failed, acts on the device's faults, settles the
+    /// chunk size and slot fill (deciding them, or adopting rank 0's), and
+    /// publishes the call for the peers to check.
     pub(crate) fn begin_call(
         &mut self,
         mut call: CallDescriptor,
+        in_place: bool,
     ) -> Result<CallDescriptor, EngineError> {
         if let Some(trace) = &self.trace {
             trace.begin_call();
@@ -135,7 +137,7 @@ impl Peers {
         self.follow_faults()?;
         if call.algorithm == Algorithm::Ring {
             if self.rank == Agreement::decider(&call) {
-                self.agreement.decide(&self.transport, &mut call);
+                self.agreement.decide(&self.transport, &mut call, in_place);
             } else if call.kind != CallKind::Broadcast {
                 (call.chunk_bytes, call.bypass_slots) = self.adopt_decision(call)?;
             }

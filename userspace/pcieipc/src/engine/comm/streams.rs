@@ -31,15 +31,20 @@ use crate::engine::transport::{Signal, Transport, Window};
 /// rank counts the same slots from the call's agreed chunk.
 const RAW_SLOTS_BYTES: usize = 2 << 20;
 
-/// A rank's counts of the messages it sent and received on one stream, and
-/// which of the stream's slots they cycle through: the first `in_use`,
-/// counted from the message numbers at which that count took effect.
+/// A rank's counts of the messages it sent and received on one stream,
+/// which of the stream's slots they cycle through (the first `in_use`,
+/// counted from the message numbers at which that count took effect), and
+/// how much of each slot is backed in this process.
 struct StreamCounts {
     sent: u32,
     received: u32,
     sent_base: u32,
     received_base: u32,
     in_use: u32,
+    /// Bytes from the start of each of this rank's slots that are backed
+    /// (`Transport::prepare`), and of each of the predecessor's.
+    backed: Vec<usize>,
+    predecessor_backed: Vec<usize>,
 }
 
 impl StreamCounts {
@@ -51,6 +56,8 @@ impl StreamCounts {
             sent_base: 0,
             received_base: 0,
             in_use: slots as u32,
+            backed: vec![0; slots],
+            predecessor_backed: vec![0; slots],
         }
     }
 
@@ -62,6 +69,39 @@ impl StreamCounts {
     /// The slot of the predecessor's `received`-th message.
     fn received_slot(&self, received: u32) -> usize {
         (received.wrapping_sub(self.received_base) % self.in_use) as usize
+    }
+
+    /// Backs `bytes` (stamp included) of every slot in use on `stream`,
+    /// this rank's or the predecessor's (`from`), where `slot`, the next
+    /// one used, is not yet: a message size's first message prepares the
+    /// whole cycle, so the calls after it touch no new page. On demand
+    /// paged memory the first touch of each page is a fault (about 2 µs on
+    /// a VM, with its zeroing); left to the calls, a 64 KiB all_reduce's
+    /// first five calls took 7× the steady time, one per raw slot, before
+    /// every slot of the cycle had been touched once (docs/engine.md, Slots
+    /// backed before use).
+    fn back(
+        &mut self,
+        transport: &Transport,
+        stream: Stream,
+        from: usize,
+        slot: usize,
+        bytes: usize,
+    ) {
+        let backed = if from == transport.rank() {
+            &mut self.backed
+        } else {
+            &mut self.predecessor_backed
+        };
+        if backed[slot] >= bytes {
+            return;
+        }
+        for (slot, backed) in backed.iter_mut().enumerate().take(self.in_use as usize) {
+            if *backed < bytes {
+                transport.prepare(from, stream.window(slot), bytes);
+                *backed = bytes;
+            }
+        }
     }
 }
 
@@ -288,6 +328,9 @@ impl SlotStreams {
             sent.wrapping_add(1).wrapping_sub(slots),
         )?;
         let slot = self.counts(stream).sent_slot(sent);
+        let bytes = MESSAGE_HEADER_BYTES + len * std::mem::size_of::<T>();
+        self.counts(stream)
+            .back(&peers.transport, stream, peers.rank, slot, bytes);
         let data = match &mut peers.shadows {
             Some(shadows) => shadows
                 .fill(stream, slot, len * std::mem::size_of::<T>())
@@ -363,6 +406,10 @@ impl SlotStreams {
             Self::read_stamp(peers, predecessor, window)?;
             self.predecessor_checked = true;
         }
+        let counts = self.counts(stream);
+        let slot = counts.received_slot(counts.received);
+        let bytes = MESSAGE_HEADER_BYTES + len * std::mem::size_of::<T>();
+        counts.back(&peers.transport, stream, predecessor, slot, bytes);
         let message = self.counts(stream).received.wrapping_add(1);
         let data = match &mut self.checked {
             Some(checked) => checked

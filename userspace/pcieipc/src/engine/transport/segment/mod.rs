@@ -94,6 +94,15 @@ pub(crate) trait Signalling: Send {
         Err(std::io::ErrorKind::Unsupported.into())
     }
 
+    /// Backs the pages of `len` bytes at `start` (page aligned, inside the
+    /// mapping) in this process before a call touches them: for writing
+    /// (this rank's own windows) or reading (a peer's). Where the segment is
+    /// demand-paged host memory, a page's first touch is a fault, and the
+    /// calls that first touch a message size's slots pay for every page
+    /// (docs/engine.md, Slots backed before use); the default, for memory
+    /// mapped whole (a device's BAR), does nothing.
+    fn prepare(&self, _start: *mut u8, _len: usize, _write: bool) {}
+
     /// The monitor of the link under this rank's device, where the
     /// transport follows one (`capabilities().link_events`): handed over
     /// once, to the communicator's fault monitor.
@@ -198,6 +207,15 @@ impl Transport {
     /// while no peer may read it (the counters say when).
     pub(crate) fn window(&self, owner: usize, window: Window) -> *mut u8 {
         self.segment.window(owner, window)
+    }
+
+    /// Backs the first `bytes` of `owner`'s `window` in this process
+    /// (`Signalling::prepare`): written where it is this rank's, read where
+    /// it is a peer's.
+    pub(crate) fn prepare(&self, owner: usize, window: Window, bytes: usize) {
+        let len = round_up(bytes, PAGE).min(self.segment.window_bytes(window));
+        self.signalling
+            .prepare(self.window(owner, window), len, owner == self.rank);
     }
 
     pub(crate) fn load(&self, owner: usize, signal: Signal) -> u32 {

@@ -56,6 +56,16 @@ impl Segment {
         &self.control(owner).counters[signal as usize]
     }
 
+    /// The size of `window` in bytes.
+    pub(crate) fn window_bytes(&self, window: Window) -> usize {
+        let sizes = self.layout.sizes;
+        match window {
+            Window::Raw { .. } | Window::Relay { .. } => sizes.slot_bytes,
+            Window::OneShot { .. } => sizes.one_shot_bytes,
+            Window::Backend => sizes.backend_bytes,
+        }
+    }
+
     pub(crate) fn window(&self, owner: usize, window: Window) -> *mut u8 {
         let sizes = self.layout.sizes;
         let offset = match window {

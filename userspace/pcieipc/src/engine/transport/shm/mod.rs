@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use nix::sys::mman::{madvise, mmap, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 mod peer_reads;
 
@@ -197,6 +197,22 @@ impl Signalling for Futexes {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *held = None;
+    }
+
+    fn prepare(&self, start: *mut u8, len: usize, write: bool) {
+        let Some(start) = NonNull::new(start.cast::<std::ffi::c_void>()) else {
+            return;
+        };
+        let advice = if write {
+            MmapAdvise::MADV_POPULATE_WRITE
+        } else {
+            MmapAdvise::MADV_POPULATE_READ
+        };
+        // SAFETY: `start` and `len` lie inside the segment's mapping, which
+        // lives as long as `self`; populating changes no byte of it. Where it
+        // fails (a kernel before 5.14, memory short) the pages are faulted in
+        // by the first touch instead, as without it.
+        let _ = unsafe { madvise(start, len, advice) };
     }
 
     fn read_peer(&self, pid: u32, address: u64, into: &mut [u8]) -> std::io::Result<()> {
