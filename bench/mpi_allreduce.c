@@ -4,9 +4,14 @@
  * in place (MPI_IN_PLACE), time averaged over ranks, busbw = algbw * 2(n-1)/n.
  *
  *   mpi_allreduce MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP
+ *   mpi_allreduce --cold-start MIN_BYTES MAX_BYTES FACTOR ITERS
  *   mpi_allreduce --late-peer-ms MS
  *
- * The second form: rank 0 enters an 8-byte MPI_Allreduce MS milliseconds
+ * --cold-start, as `pcieipc bench --cold-start` does it: at each size, fresh
+ * buffers (input and output written first), then ITERS out-of-place calls
+ * with no warm-up, each timed on its own; prints "SIZE T1 ... TN", each
+ * call's time in us, the slowest rank's (scripts/cold-start-vs-mpi.sh).
+ * --late-peer-ms: rank 0 enters an 8-byte MPI_Allreduce MS milliseconds
  * before the others and reports the CPU time it uses waiting.
  */
 #define _GNU_SOURCE
@@ -39,6 +44,38 @@ static double time_allreduce(float *in, float *out, size_t count, int iters, int
 	return sum / nranks;
 }
 
+static int cold_start(int rank, size_t min_bytes, size_t max_bytes, size_t factor, int iters)
+{
+	double *times = malloc(iters * sizeof(double)), *slowest = malloc(iters * sizeof(double));
+	if (!times || !slowest || factor < 2 || iters < 1)
+		return 2;
+	for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+		size_t count = bytes / sizeof(float);
+		float *in = malloc(bytes + sizeof(float)), *out = malloc(bytes + sizeof(float));
+		if (!in || !out)
+			return 2;
+		for (size_t i = 0; i < count; i++)
+			out[i] = in[i] = (float)((i * 7 + rank * 3) % 8);
+		for (int call = 0; call < iters; call++) {
+			double start = MPI_Wtime();
+			MPI_Allreduce(in, out, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+			times[call] = (MPI_Wtime() - start) * 1e6;
+		}
+		MPI_Allreduce(times, slowest, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		if (rank == 0) {
+			printf("%zu", count * sizeof(float));
+			for (int call = 0; call < iters; call++)
+				printf(" %.3f", slowest[call]);
+			printf("\n");
+		}
+		free(in);
+		free(out);
+	}
+	free(times);
+	free(slowest);
+	return 0;
+}
+
 static int late_peer(int rank, long late_ms)
 {
 	double value = 1.0, result;
@@ -65,9 +102,20 @@ int main(int argc, char **argv)
 		MPI_Finalize();
 		return 0;
 	}
+	if (argc == 6 && strcmp(argv[1], "--cold-start") == 0) {
+		int status = cold_start(rank, strtoull(argv[2], NULL, 0), strtoull(argv[3], NULL, 0),
+					strtoull(argv[4], NULL, 0), atoi(argv[5]));
+		if (status != 0) {
+			fprintf(stderr, "mpi_allreduce: bad sizes or out of memory\n");
+			MPI_Abort(MPI_COMM_WORLD, status);
+		}
+		MPI_Finalize();
+		return 0;
+	}
 	if (argc != 6) {
 		if (rank == 0)
-			fprintf(stderr, "usage: %s MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP | --late-peer-ms MS\n",
+			fprintf(stderr,
+				"usage: %s MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP | --cold-start MIN_BYTES MAX_BYTES FACTOR ITERS | --late-peer-ms MS\n",
 				argv[0]);
 		MPI_Finalize();
 		return 2;
@@ -91,7 +139,7 @@ int main(int argc, char **argv)
 		double ip = time_allreduce(in, out, count, iters, warmup, 1, nranks);
 		double scale = 2.0 * (nranks - 1) / nranks, size = (double)(count * sizeof(float));
 		if (rank == 0)
-			printf("%12zu %10.2f %11.2f %10.2f %11.2f\n", count * sizeof(float), oop * 1e6,
+			printf("%12zu %10.3f %11.6f %10.3f %11.6f\n", count * sizeof(float), oop * 1e6,
 			       size / oop / 1e9 * scale, ip * 1e6, size / ip / 1e9 * scale);
 	}
 	free(in);

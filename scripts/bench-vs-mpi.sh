@@ -87,27 +87,7 @@ for binary in BASELINE PCIEIPC; do
     fi
 done
 
-work=$(mktemp -d)
-# KEEP: the raw results are copied out however the run ends (a failing run's
-# samples are the ones worth reading).
-trap '[ -z "$KEEP" ] || { mkdir -p "$KEEP" && cp -r "$work"/. "$KEEP"/; }; rm -rf "$work"' EXIT
-
-if [ -n "$PCIEIPC" ]; then
-    pcieipc=$PCIEIPC
-else
-    cargo build --release -q -p pcieipc-cli
-    target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-    pcieipc="$target_dir/release/pcieipc"
-fi
-mpi_bench="$work/mpi_allreduce"
-mpicc -O2 -o "$mpi_bench" bench/mpi_allreduce.c
-
-# Running as root needs OpenMPI's explicit consent; vader is its shared-memory
-# transport (self for a rank talking to itself).
-mpi() {
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        mpirun --oversubscribe -np 2 --mca btl self,vader "$mpi_bench" "$@"
-}
+source scripts/bench-mpi-common.sh
 
 # A vCPU the hypervisor deschedules stops its rank, and the other waits: on the
 # EPYC VM a run of 70 ms that met 10 ms of it fell from 11 GB/s to 2-5, on

@@ -9,6 +9,7 @@ per-size tables with their ratios, and the exit status.
 
     bench_compare.py mpi WORK [--repeat N] [--latency-repeat N] [--steal-retries N] [--baseline] [--relay]
     bench_compare.py timed-ms FILE CALLS
+    bench_compare.py cold-start WORK [--repeat N] [--at-most CALLS]
     bench_compare.py nccl WORK --ngpus N [--repeat N] [--baseline]
     bench_compare.py trace-overhead WORK [--repeat N]
     bench_compare.py ddp RUNS
@@ -23,14 +24,18 @@ What WORK holds, per subcommand (RUN counts from 1):
 - nccl: pcieipc-RUN.json, baseline-RUN.json, nccl-RUN.jsonl
   (bench/nccl_allreduce.py's lines);
 - trace-overhead: baseline-RUN.out, off-RUN.out, on-RUN.out (`pcieipc bench`'s
-  text table).
+  text table);
+- cold-start: pcieipc-RUN.json (`pcieipc bench --cold-start --json`),
+  mpi-RUN.txt (bench/mpi_allreduce.c --cold-start's "SIZE T1 ... TN" lines),
+  copy-RUN.txt (bench/copy_warmup.c's, the same form).
 timed-ms FILE: one run's output, pcieipc's JSON report or MPI's lines; prints
 the milliseconds its timed calls took over CALLS calls. ddp RUNS: the
 script's "run N: BACKEND MS" lines.
 
 Exit status: 0; 1 where a run's output cannot be compared (wrong values);
 2 on bad usage; 3 (mpi) where pcieipc's median is behind MPI's anywhere,
-then also written, a reason a line, to WORK/behind.
+(cold-start) where pcieipc's median calls to steady exceed --at-most at any
+size, then also written, a reason a line, to WORK/behind.
 """
 
 import argparse
@@ -48,6 +53,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = "docs/schemas/bench-v1.schema.json"
+COLD_START_SCHEMA = "docs/schemas/bench-cold-start-v1.schema.json"
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "bench")
 BEHIND = 3
 
@@ -300,6 +306,76 @@ def mpi_report(work, repeat, latency_repeat, steal_retries, baseline=False, rela
     return BEHIND
 
 
+# --- scripts/cold-start-vs-mpi.sh -------------------------------------------
+
+def to_steady(calls):
+    """`pcieipc bench --cold-start`'s rule (cmd_bench.rs, `ColdStart`):
+    (steady, calls): the steady time is the median of the last quarter of
+    the calls (the upper one of an even count), and the count the first call
+    within 10% of it, from 1 (all of them where none is)."""
+    tail = sorted(calls[len(calls) - -(-len(calls) // 4):])
+    steady = tail[len(tail) // 2]
+    first = next((at + 1 for at, us in enumerate(calls) if us <= steady * 1.1), len(calls))
+    return steady, first
+
+
+def cold_start_report(work, repeat, at_most):
+    """cold-start-vs-mpi.sh's table: per size and side, the medians over
+    the runs of the first call, the steady time and the calls to steady;
+    BEHIND where pcieipc's median calls exceed `at_most` at any size."""
+    try:
+        import jsonschema
+        schema = json.load(open(os.path.join(ROOT, COLD_START_SCHEMA)))
+    except ImportError:
+        jsonschema = None
+        print(f"# bench JSON not validated against {COLD_START_SCHEMA}: python3-jsonschema missing")
+    sides = {"pcieipc": {}, "MPI": {}, "copy": {}}
+    for run in range(1, repeat + 1):
+        report = json.load(open(f"{work}/pcieipc-{run}.json"))
+        if jsonschema is not None:
+            jsonschema.validate(report, schema)
+        for row in report["results"]:
+            steady, calls = to_steady(row["calls_us"])
+            if (steady, calls) != (row["steady_us"], row["calls_to_steady"]):
+                raise Broken(f"pcieipc-{run}.json, {row['size_bytes']} B: the report says steady "
+                             f"{row['steady_us']} after {row['calls_to_steady']} calls, its calls say "
+                             f"{steady} after {calls}")
+            sides["pcieipc"].setdefault(row["size_bytes"], []).append(row["calls_us"])
+        for side, name in (("MPI", "mpi"), ("copy", "copy")):
+            for line in open(f"{work}/{name}-{run}.txt"):
+                if line.startswith("#") or not line.strip():
+                    continue
+                size, *calls = line.split()
+                sides[side].setdefault(int(size), []).append([float(us) for us in calls])
+    print(f"# cold start: all_reduce out of place, float sum, each size's calls from cold, each the slowest "
+          f"rank's; medians of {repeat} alternating runs; calls = calls to within 10% of steady (the median of "
+          "the last quarter); host copy = the same of a memcpy of both ranks' buffers (bench/copy_warmup.c)")
+    print("#       size   pcieipc first  steady (us)  calls  |   MPI first  steady (us)  calls  |  host copy calls")
+    behind = []
+    for size in sorted(sides["pcieipc"]):
+        cells = []
+        for side in ("pcieipc", "MPI"):
+            runs = sides[side].get(size, [])
+            if len(runs) != repeat:
+                raise Broken(f"{side}: {len(runs)} runs of {size} B, not {repeat}")
+            steady = statistics.median(to_steady(calls)[0] for calls in runs)
+            count = statistics.median(to_steady(calls)[1] for calls in runs)
+            first = statistics.median(calls[0] for calls in runs)
+            cells.append(f"{first:>11.1f}  {steady:>11.1f}  {count:>5g}")
+            if side == "pcieipc" and count > at_most:
+                behind.append(f"{size} B: {count:g} calls to steady (at most {at_most})")
+        copies = sides["copy"].get(size, [])
+        if len(copies) != repeat:
+            raise Broken(f"host copy: {len(copies)} runs of {size} B, not {repeat}")
+        copy_calls = statistics.median(to_steady(calls)[1] for calls in copies)
+        print(f"{size:>12}  {cells[0]}  |  {cells[1]}  |  {copy_calls:>15g}")
+    if not behind:
+        return 0
+    print("\n# FAILED: pcieipc takes more calls to steady than it may: " + "; ".join(behind))
+    open(f"{work}/behind", "w").write("\n".join(behind))
+    return BEHIND
+
+
 # --- scripts/bench-vs-nccl.sh -----------------------------------------------
 
 def nccl_report(work, repeat, n, baseline=False):
@@ -408,6 +484,13 @@ def parser():
     timed.add_argument("file")
     timed.add_argument("calls", type=int)
     timed.set_defaults(run=lambda a: print(timed_ms(a.file, a.calls)) or 0)
+
+    cold = sub.add_parser("cold-start", help="scripts/cold-start-vs-mpi.sh's table; exit 3 when pcieipc takes "
+                                             "more calls to steady than --at-most")
+    cold.add_argument("work")
+    cold.add_argument("--repeat", type=int, default=3, help="runs per side (REPEAT)")
+    cold.add_argument("--at-most", type=int, default=5, help="calls to steady pcieipc may take (AT_MOST)")
+    cold.set_defaults(run=lambda a: cold_start_report(a.work, a.repeat, a.at_most))
 
     nccl = sub.add_parser("nccl", help="scripts/bench-vs-nccl.sh's table")
     nccl.add_argument("work")
@@ -542,6 +625,21 @@ def self_test():
         "   8388608          8.00 / 9.00          7.00 / 9.00          8.50 / 8.50     0.941     1.000")
     same_as("trace-overhead", lines, "trace-overhead", "expected.txt")
 
+    # Cold start (a real run, REPEAT=3): the rule on a hand-made list, then
+    # the run: over 5 calls to steady at 16 and 32 MiB, exit 3.
+    expect("to_steady: the last quarter's median, the first call within 10%",
+           to_steady([900.0, 300.0, 109.0, 100.0, 120.0, 100.0, 95.0, 100.0]), (100.0, 3))
+    expect("to_steady: none within 10% of the tail counts every call",
+           to_steady([9.0, 9.0, 9.0, 1.0]), (1.0, 4))
+    status, lines, err, behind = run("cold-start", "cold-start", "--repeat", "3")
+    expect("cold-start: exit status when over", (status, err, behind),
+           (BEHIND, "", "16777216 B: 13 calls to steady (at most 5)\n33554432 B: 8 calls to steady (at most 5)"))
+    has("cold-start: 64 KiB medians", lines,
+        "       65536        396.0          9.0      3  |        154.3         19.8      2  |                2")
+    same_as("cold-start", lines, "cold-start", "expected.txt")
+    status, lines, err, behind = run("cold-start", "cold-start", "--repeat", "3", "--at-most", "13")
+    expect("cold-start --at-most 13: exit status", (status, err, behind), (0, "", None))
+
     # DDP (hand-made, REPEAT=4): the lower of the middle two, as printed.
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -554,7 +652,8 @@ def self_test():
     if failures:
         return 1
     print("bench_compare self-test: OpenMPI (ahead, and behind: exit 3), NCCL (with and without a baseline, "
-          "wrong values), tracing overhead and DDP fixtures give their medians, bests, ratios and exit status")
+          "wrong values), cold start, tracing overhead and DDP fixtures give their medians, bests, ratios and "
+          "exit status")
     return 0
 
 

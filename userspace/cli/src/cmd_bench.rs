@@ -166,7 +166,8 @@ pub struct Args {
     /// Instead of the table: at each size, ITERS out-of-place calls from
     /// cold (no warm-up), each timed on its own (the slowest rank's time),
     /// and how many calls it took to come within 10% of the steady time
-    /// (the median of the last quarter).
+    /// (the median of the last quarter), with the page faults the calls
+    /// took (the first, and all the others: the most of any rank's).
     #[arg(long)]
     cold_start: bool,
     /// Instead of the sweep: rank 0 waits in one 8-byte all_reduce for peers
@@ -204,7 +205,8 @@ pub struct Args {
     /// scheduler.
     #[arg(long, value_name = "core|none", default_value = "core", value_parser = ["core", "none"])]
     bind_to: String,
-    /// Print JSON (docs/schemas/bench-v1.schema.json) instead of the table.
+    /// Print JSON (docs/schemas/bench-v1.schema.json; with --cold-start,
+    /// bench-cold-start-v1.schema.json) instead of the table.
     #[arg(long)]
     json: bool,
     /// Run as this rank of a job started elsewhere (with --rendezvous).
@@ -539,7 +541,7 @@ fn cold_start<C: Collective, T: BenchElement>(
     let sizes = sizes(args, std::mem::size_of::<T>());
     if leader && !args.json {
         println!("# pcieipc bench --cold-start: all_reduce out of place, {} ranks, {}, {} calls per size from cold, each the slowest rank's", comm.nranks(), comm.describe(), args.iters);
-        println!("#       size   first (us)  second (us)  steady (us)  calls to within 10%");
+        println!("#       size   first (us)  second (us)  steady (us)  calls to within 10%  faults first  faults after");
     }
     let mut rows = Vec::with_capacity(sizes.len());
     for bytes in sizes {
@@ -548,24 +550,35 @@ fn cold_start<C: Collective, T: BenchElement>(
         let input = comm.upload(&host_input)?;
         let mut output = comm.upload(&host_input)?;
         let mut calls_us = Vec::with_capacity(args.iters);
+        let mut faults = Vec::with_capacity(args.iters);
         for _ in 0..args.iters {
+            let faulted = thread_page_faults()?;
             let started = Instant::now();
             comm.all_reduce(&input, &mut output, op)?;
             comm.wait_queued()?;
             calls_us.push(started.elapsed().as_secs_f64() * 1e6);
+            faults.push(thread_page_faults()?.saturating_sub(faulted) as f64);
         }
         comm.host()
             .all_reduce_in_place(&mut calls_us, ReduceOp::Max)?;
+        comm.host()
+            .all_reduce_in_place(&mut faults, ReduceOp::Max)?;
         let cold = ColdStart::new(calls_us);
         if leader && !args.json {
             println!(
-                "{bytes:>12}  {:>11.2}  {:>11.2}  {:>11.2}  {:>19}",
-                cold.calls_us[0], cold.calls_us[1], cold.steady_us, cold.calls_to_steady
+                "{bytes:>12}  {:>11.2}  {:>11.2}  {:>11.2}  {:>19}  {:>12}  {:>12}",
+                cold.calls_us[0],
+                cold.calls_us[1],
+                cold.steady_us,
+                cold.calls_to_steady,
+                faults[0],
+                faults[1..].iter().sum::<f64>()
             );
         }
         rows.push(json!({
             "size_bytes": bytes,
             "calls_us": cold.calls_us,
+            "page_faults": faults,
             "steady_us": cold.steady_us,
             "calls_to_steady": cold.calls_to_steady,
         }));
@@ -586,6 +599,14 @@ fn cold_start<C: Collective, T: BenchElement>(
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Page faults this thread has taken (minor and major: a first touch of
+/// memory, or a page populated ahead of it).
+fn thread_page_faults() -> anyhow::Result<u64> {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
+        .context("getrusage")?;
+    Ok((usage.minor_page_faults() + usage.major_page_faults()) as u64)
 }
 
 /// CPU time this thread has run, from the scheduler's own accounting

@@ -1,0 +1,67 @@
+//! `pcieipc bench --json` and `--cold-start --json` print reports that their
+//! schemas (docs/schemas) accept, with the values a run of this host gives.
+
+use std::process::Command;
+
+fn report(args: &[&str]) -> serde_json::Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_pcieipc"))
+        .args(["bench", "--nranks", "2", "--json"])
+        .args(args)
+        .output()
+        .expect("run pcieipc bench");
+    assert!(
+        output.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON report")
+}
+
+fn assert_valid(report: &serde_json::Value, schema_file: &str) {
+    let path = format!(
+        "{}/../../docs/schemas/{schema_file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("schema JSON");
+    let validator = jsonschema::validator_for(&schema).expect("a valid schema");
+    let errors: Vec<String> = validator
+        .iter_errors(report)
+        .map(|error| format!("{} at {}", error, error.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{schema_file}: {errors:#?}\n{report:#}");
+}
+
+#[test]
+fn the_sweeps_report_matches_its_schema() {
+    let report = report(&["-b", "8", "-e", "64K", "-f", "64", "-n", "2", "-w", "1"]);
+    assert_valid(&report, "bench-v1.schema.json");
+    assert_eq!(report["wrong"], 0);
+    let sizes: Vec<u64> = report["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|row| row["size_bytes"].as_u64().expect("size"))
+        .collect();
+    assert_eq!(sizes, [8, 512, 32768]);
+    assert!(report["first_call_ms"].as_f64().expect("first call") > 0.0);
+}
+
+#[test]
+fn the_cold_start_report_matches_its_schema() {
+    let report = report(&["--cold-start", "-b", "64K", "-e", "128K", "-n", "8"]);
+    assert_valid(&report, "bench-cold-start-v1.schema.json");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2);
+    for row in results {
+        let calls = row["calls_us"].as_array().expect("calls");
+        let faults = row["page_faults"].as_array().expect("faults");
+        assert_eq!((calls.len(), faults.len()), (8, 8), "{row}");
+        let to_steady = row["calls_to_steady"].as_u64().expect("calls to steady");
+        assert!((1..=8).contains(&to_steady), "{row}");
+        // The first call at a size backs its slots (engine/comm/streams.rs):
+        // it takes the faults, the calls after it none.
+        assert!(faults[0].as_f64().unwrap() > 0.0, "{row}");
+        assert!(faults[1..].iter().all(|f| f.as_f64() == Some(0.0)), "{row}");
+    }
+}
