@@ -4,8 +4,8 @@
 //! theirs.
 //!
 //! An entry is named by the digest of everything its image depends on (the
-//! kernels' source, the GPU's architecture, the driver's and NVRTC's
-//! versions, this crate's version: `KernelStore::key`) and carries that
+//! kernels' source, the GPU's architecture, the driver's version, this
+//! crate's version: `KernelStore::key`; not NVRTC's, see `nvrtc`) and carries that
 //! digest and the digest of its image inside it. An entry that does not
 //! read back whole, names another key, or is not this user's alone (owned
 //! by another user, writable by others, a link) is never loaded: it is
@@ -76,7 +76,7 @@ impl KernelStore {
     }
 
     /// The key of an image built from `parts` (source, architecture,
-    /// versions), each length-prefixed so that no two lists collide.
+    /// driver version), each length-prefixed so that no two lists collide.
     pub(crate) fn key(parts: &[&[u8]]) -> Key {
         let mut hasher = Sha256::new();
         hasher.update(env!("CARGO_PKG_VERSION").as_bytes());
