@@ -85,10 +85,15 @@ pub fn describe(rank: usize, output: &Output) -> String {
     )
 }
 
+/// Asserts every rank passed, showing every rank that did not: the first
+/// to fail is often not the lowest (a peer then fails for its leaving).
 pub fn assert_succeeded(outputs: &[(usize, Output)]) {
-    for (rank, output) in outputs {
-        assert!(output.status.success(), "{}", describe(*rank, output));
-    }
+    let failed: Vec<String> = outputs
+        .iter()
+        .filter(|(_, output)| !output.status.success())
+        .map(|(rank, output)| describe(*rank, output))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// Runs `body` in each of `nranks` rank processes and asserts they all pass.
