@@ -4,6 +4,7 @@
  * in place (MPI_IN_PLACE), time averaged over ranks, busbw = algbw * 2(n-1)/n.
  *
  *   mpi_allreduce MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP
+ *   mpi_allreduce --latency MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP
  *   mpi_allreduce --cold-start MIN_BYTES MAX_BYTES FACTOR ITERS
  *   mpi_allreduce --late-peer-ms MS
  *
@@ -11,6 +12,11 @@
  * buffers (input and output written first), then ITERS out-of-place calls
  * with no warm-up, each timed on its own; prints "SIZE T1 ... TN", each
  * call's time in us, the slowest rank's (scripts/cold-start-vs-mpi.sh).
+ * --latency, as `pcieipc bench --latency` does it: the same table, from the
+ * same back-to-back calls, with the clock also read between calls; after
+ * each size and placement a line "calls SIZE oop|ip T1 ... TN", each timed
+ * call's time in us, the slowest rank's (scripts/latency-vs-mpi.sh, and
+ * `pcieipc bench --latency-peer` for its plot).
  * --late-peer-ms: rank 0 enters an 8-byte MPI_Allreduce MS milliseconds
  * before the others and reports the CPU time it uses waiting.
  */
@@ -29,18 +35,47 @@ static double thread_cpu_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Seconds per call averaged over ranks. With `stamps` (ITERS + 1 of them),
+ * the clock is read between calls too, and rank 0 prints each call's time,
+ * the slowest rank's, into a "calls" line. */
 static double time_allreduce(float *in, float *out, size_t count, int iters, int warmup, int in_place,
-			     int nranks)
+			     int nranks, double *stamps)
 {
 	const void *send = in_place ? MPI_IN_PLACE : in;
 	float *recv = in_place ? in : out;
 	for (int i = 0; i < warmup; i++)
 		MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-	double start = MPI_Wtime();
-	for (int i = 0; i < iters; i++)
-		MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-	double seconds = (MPI_Wtime() - start) / iters, sum;
+	double start = MPI_Wtime(), end;
+	if (stamps) {
+		stamps[0] = start;
+		for (int i = 0; i < iters; i++) {
+			MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+			stamps[i + 1] = MPI_Wtime();
+		}
+		end = stamps[iters];
+	} else {
+		for (int i = 0; i < iters; i++)
+			MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+		end = MPI_Wtime();
+	}
+	double seconds = (end - start) / iters, sum;
 	MPI_Allreduce(&seconds, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	if (stamps) {
+		/* Each call's time in place of its end stamp, then the slowest
+		 * rank's into the second half of the array. */
+		for (int i = iters; i > 0; i--)
+			stamps[i] = (stamps[i] - stamps[i - 1]) * 1e6;
+		double *slowest = stamps + iters + 1;
+		MPI_Allreduce(stamps + 1, slowest, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		int rank;
+		MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+		if (rank == 0) {
+			printf("calls %zu %s", count * sizeof(float), in_place ? "ip" : "oop");
+			for (int i = 0; i < iters; i++)
+				printf(" %.3f", slowest[i]);
+			printf("\n");
+		}
+	}
 	return sum / nranks;
 }
 
@@ -112,19 +147,22 @@ int main(int argc, char **argv)
 		MPI_Finalize();
 		return 0;
 	}
-	if (argc != 6) {
+	int latency = argc == 7 && strcmp(argv[1], "--latency") == 0;
+	if (argc != 6 && !latency) {
 		if (rank == 0)
 			fprintf(stderr,
-				"usage: %s MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP | --cold-start MIN_BYTES MAX_BYTES FACTOR ITERS | --late-peer-ms MS\n",
+				"usage: %s [--latency] MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP | --cold-start MIN_BYTES MAX_BYTES FACTOR ITERS | --late-peer-ms MS\n",
 				argv[0]);
 		MPI_Finalize();
 		return 2;
 	}
-	size_t min_bytes = strtoull(argv[1], NULL, 0), max_bytes = strtoull(argv[2], NULL, 0);
-	size_t factor = strtoull(argv[3], NULL, 0);
-	int iters = atoi(argv[4]), warmup = atoi(argv[5]);
+	char **sizes = argv + latency;
+	size_t min_bytes = strtoull(sizes[1], NULL, 0), max_bytes = strtoull(sizes[2], NULL, 0);
+	size_t factor = strtoull(sizes[3], NULL, 0);
+	int iters = atoi(sizes[4]), warmup = atoi(sizes[5]);
 	float *in = malloc(max_bytes + sizeof(float)), *out = malloc(max_bytes + sizeof(float));
-	if (!in || !out || factor < 2) {
+	double *stamps = latency ? malloc((2 * (size_t)iters + 1) * sizeof(double)) : NULL;
+	if (!in || !out || factor < 2 || iters < 1 || (latency && !stamps)) {
 		fprintf(stderr, "mpi_allreduce: bad sizes or out of memory\n");
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}
@@ -135,8 +173,8 @@ int main(int argc, char **argv)
 		       nranks);
 	for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
 		size_t count = bytes / sizeof(float);
-		double oop = time_allreduce(in, out, count, iters, warmup, 0, nranks);
-		double ip = time_allreduce(in, out, count, iters, warmup, 1, nranks);
+		double oop = time_allreduce(in, out, count, iters, warmup, 0, nranks, stamps);
+		double ip = time_allreduce(in, out, count, iters, warmup, 1, nranks, stamps);
 		double scale = 2.0 * (nranks - 1) / nranks, size = (double)(count * sizeof(float));
 		if (rank == 0)
 			printf("%12zu %10.3f %11.6f %10.3f %11.6f\n", count * sizeof(float), oop * 1e6,
@@ -144,6 +182,7 @@ int main(int argc, char **argv)
 	}
 	free(in);
 	free(out);
+	free(stamps);
 	MPI_Finalize();
 	return 0;
 }

@@ -10,6 +10,7 @@ per-size tables with their ratios, and the exit status.
     bench_compare.py mpi WORK [--repeat N] [--latency-repeat N] [--steal-retries N] [--baseline] [--relay]
     bench_compare.py timed-ms FILE CALLS
     bench_compare.py cold-start WORK [--repeat N] [--at-most CALLS]
+    bench_compare.py latency WORK [--repeat N] [--tail-ratio R] [--tail-up-to BYTES]
     bench_compare.py nccl WORK --ngpus N [--repeat N] [--baseline]
     bench_compare.py trace-overhead WORK [--repeat N]
     bench_compare.py ddp RUNS
@@ -27,7 +28,10 @@ What WORK holds, per subcommand (RUN counts from 1):
   text table);
 - cold-start: pcieipc-RUN.json (`pcieipc bench --cold-start --json`),
   mpi-RUN.txt (bench/mpi_allreduce.c --cold-start's "SIZE T1 ... TN" lines),
-  copy-RUN.txt (bench/copy_warmup.c's, the same form).
+  copy-RUN.txt (bench/copy_warmup.c's, the same form);
+- latency: pcieipc-RUN.SIZE.json (`pcieipc bench --json`, its latency_us),
+  mpi-RUN.SIZE.txt (bench/mpi_allreduce.c --latency's lines, its "calls"
+  lines read).
 timed-ms FILE: one run's output, pcieipc's JSON report or MPI's lines; prints
 the milliseconds its timed calls took over CALLS calls. ddp RUNS: the
 script's "run N: BACKEND MS" lines.
@@ -35,7 +39,9 @@ script's "run N: BACKEND MS" lines.
 Exit status: 0; 1 where a run's output cannot be compared (wrong values);
 2 on bad usage; 3 (mpi) where pcieipc's median is behind MPI's anywhere,
 (cold-start) where pcieipc's median calls to steady exceed --at-most at any
-size, then also written, a reason a line, to WORK/behind.
+size, (latency) where pcieipc's median p99.7 exceeds MPI's at any size or
+--tail-ratio times its own p50 up to --tail-up-to bytes, then also written,
+a reason a line, to WORK/behind.
 """
 
 import argparse
@@ -109,10 +115,11 @@ def checked(output, label):
 
 def mpi_output(file):
     """bench/mpi_allreduce.c's lines: size, then time and busbw out of place
-    and in place; comment lines start with #."""
+    and in place; comment lines start with #, per-call lines (--latency) with
+    "calls"."""
     rows = {}
     for line in open(file):
-        if line.startswith("#") or not line.strip():
+        if line.startswith(("#", "calls ")) or not line.strip():
             continue
         size, *values = line.split()
         rows[int(size)] = tuple(float(value) for value in values)
@@ -376,6 +383,99 @@ def cold_start_report(work, repeat, at_most):
     return BEHIND
 
 
+# --- scripts/latency-vs-mpi.sh ---------------------------------------------
+
+# The statistics of a per-call distribution, as `pcieipc bench` reports them
+# (userspace/cli/src/bench_latency.rs): nearest-rank percentiles, each a call
+# that happened, then the maximum and the population standard deviation.
+PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99_7", 99.7))
+
+
+def distribution(calls):
+    """{p50, p90, p99, p99_7, max, mean, stddev, calls} of a list of call times."""
+    ordered = sorted(calls)
+    n = len(ordered)
+    result = {name: ordered[min(max(-(-n * round(percent * 10) // 1000), 1), n) - 1]
+              for name, percent in PERCENTILES}
+    mean = sum(ordered) / n
+    result.update(max=ordered[-1], mean=mean, calls=n,
+                  stddev=(sum((us - mean) ** 2 for us in ordered) / n) ** 0.5)
+    return result
+
+
+def mpi_calls(file):
+    """bench/mpi_allreduce.c --latency's "calls SIZE oop|ip T1 ... TN" lines:
+    {(size, "out_of_place" or "in_place"): [call times in us]}."""
+    series = {}
+    for line in open(file):
+        if line.startswith("calls "):
+            _, size, placement, *calls = line.split()
+            key = (int(size), {"oop": "out_of_place", "ip": "in_place"}[placement])
+            series[key] = [float(us) for us in calls]
+    return series
+
+
+def latency_report(work, repeat, tail_ratio, tail_up_to):
+    """latency-vs-mpi.sh's table: per size and placement, each side's
+    median over the runs of p50, p99, p99.7, the maximum and the standard
+    deviation, pcieipc's p99.7 / p50 and its p99.7 / MPI's; BEHIND where
+    pcieipc's p99.7 is above MPI's, or above tail_ratio times its p50 at
+    sizes up to tail_up_to."""
+    try:
+        import jsonschema
+        schema = json.load(open(os.path.join(ROOT, SCHEMA)))
+    except ImportError:
+        jsonschema = None
+        print(f"# bench JSON not validated against {SCHEMA}: python3-jsonschema missing")
+    sides = {"pcieipc": {}, "MPI": {}}
+    for run in range(1, repeat + 1):
+        for file in glob.glob(f"{work}/pcieipc-{run}.*.json"):
+            report = json.load(open(file))
+            if jsonschema is not None:
+                jsonschema.validate(report, schema)
+            if report["wrong"]:
+                raise Broken(f"{os.path.basename(file)}: pcieipc bench reported {report['wrong']} wrong values")
+            for row in report["results"]:
+                for placement in ("out_of_place", "in_place"):
+                    latency = row[placement].get("latency_us")
+                    if latency is None:
+                        raise Broken(f"{os.path.basename(file)}: no latency_us at {row['size_bytes']} B {placement}")
+                    sides["pcieipc"].setdefault((row["size_bytes"], placement), []).append(latency)
+        for file in glob.glob(f"{work}/mpi-{run}.*.txt"):
+            for key, calls in mpi_calls(file).items():
+                sides["MPI"].setdefault(key, []).append(distribution(calls))
+    print(f"# per-call latency (us), all_reduce float sum, 2 ranks, each call the slowest rank's; medians of "
+          f"{repeat} runs alternating per size; tail = p99.7 / p50")
+    print("#       size    placement  calls |  pcieipc p50      p99    p99.7      max   stddev   tail |"
+          "      MPI p50      p99    p99.7      max   stddev   tail | p99.7 pcieipc / MPI")
+    behind = []
+    for key in sorted(sides["pcieipc"], key=lambda key: (key[0], key[1] != "out_of_place")):
+        size, placement = key
+        cells, middle = [], {}
+        for side in ("pcieipc", "MPI"):
+            runs = sides[side].get(key, [])
+            if len(runs) != repeat:
+                raise Broken(f"{side}: {len(runs)} runs of {size} B {placement}, not {repeat}")
+            middle[side] = {stat: statistics.median(run[stat] for run in runs)
+                            for stat in ("p50", "p99", "p99_7", "max", "stddev", "calls")}
+            m = middle[side]
+            cells.append(f"{m['p50']:>12.2f} {m['p99']:>8.2f} {m['p99_7']:>8.2f} {m['max']:>8.1f} "
+                         f"{m['stddev']:>8.3f} {m['p99_7'] / m['p50']:>6.2f}")
+        ours, theirs = middle["pcieipc"], middle["MPI"]
+        against = ours["p99_7"] / theirs["p99_7"]
+        print(f"{size:>12} {placement.replace('_', ' '):>12} {ours['calls']:>6g} |{cells[0]} |{cells[1]} | {against:>8.2f}")
+        where = f"{size} B {placement.replace('_', ' ')}"
+        if against > 1.0:
+            behind.append(f"{where}: p99.7 {ours['p99_7']:.2f} us against MPI's {theirs['p99_7']:.2f}")
+        if size <= tail_up_to and ours["p99_7"] > tail_ratio * ours["p50"]:
+            behind.append(f"{where}: p99.7 {ours['p99_7'] / ours['p50']:.2f} times p50 (at most {tail_ratio:g})")
+    if not behind:
+        return 0
+    print("\n# FAILED: pcieipc's tail is over its goal: " + "; ".join(behind))
+    open(f"{work}/behind", "w").write("\n".join(behind))
+    return BEHIND
+
+
 # --- scripts/bench-vs-nccl.sh -----------------------------------------------
 
 def nccl_report(work, repeat, n, baseline=False):
@@ -491,6 +591,15 @@ def parser():
     cold.add_argument("--repeat", type=int, default=3, help="runs per side (REPEAT)")
     cold.add_argument("--at-most", type=int, default=5, help="calls to steady pcieipc may take (AT_MOST)")
     cold.set_defaults(run=lambda a: cold_start_report(a.work, a.repeat, a.at_most))
+
+    latency = sub.add_parser("latency", help="scripts/latency-vs-mpi.sh's table; exit 3 when pcieipc's tail is "
+                                             "over its goal")
+    latency.add_argument("work")
+    latency.add_argument("--repeat", type=int, default=3, help="runs per size and side (REPEAT)")
+    latency.add_argument("--tail-ratio", type=float, default=1.5, help="p99.7 / p50 pcieipc may reach (TAIL_RATIO)")
+    latency.add_argument("--tail-up-to", type=int, default=1 << 20,
+                         help="the largest size the ratio applies to (TAIL_UP_TO)")
+    latency.set_defaults(run=lambda a: latency_report(a.work, a.repeat, a.tail_ratio, a.tail_up_to))
 
     nccl = sub.add_parser("nccl", help="scripts/bench-vs-nccl.sh's table")
     nccl.add_argument("work")
@@ -640,6 +749,26 @@ def self_test():
     status, lines, err, behind = run("cold-start", "cold-start", "--repeat", "3", "--at-most", "13")
     expect("cold-start --at-most 13: exit status", (status, err, behind), (0, "", None))
 
+    # Latency (a real run, REPEAT=2): the percentiles' rule on 1..1000 us
+    # (as bench_latency.rs's test), then the run: pcieipc's p99.7 at most
+    # MPI's everywhere, but over 1.5 times its p50 at three of four rows.
+    expect("distribution: nearest-rank percentiles of 1..1000",
+           {k: v for k, v in distribution([float(us) for us in range(1000, 0, -1)]).items() if k != "stddev"},
+           {"p50": 500.0, "p90": 900.0, "p99": 990.0, "p99_7": 997.0, "max": 1000.0, "mean": 500.5, "calls": 1000})
+    expect("distribution: few calls make p99.7 the maximum",
+           [distribution([3.0, 1.0, 2.0, 10.0])[k] for k in ("p50", "p90", "p99_7")], [2.0, 10.0, 10.0])
+    status, lines, err, behind = run("latency", "latency", "--repeat", "2")
+    expect("latency: exit status when over", (status, err, behind),
+           (BEHIND, "", "8 B out of place: p99.7 4.13 times p50 (at most 1.5)\n"
+                        "512 B out of place: p99.7 4.24 times p50 (at most 1.5)\n"
+                        "512 B in place: p99.7 1.55 times p50 (at most 1.5)"))
+    has("latency: 8 B in place, medians of two", lines,
+        "           8     in place    400 |        0.44     0.54     0.55      0.8    0.037   1.25 |"
+        "        0.50     0.76     0.79      0.9    0.094   1.59 |     0.70")
+    same_as("latency", lines, "latency", "expected.txt")
+    status, lines, err, behind = run("latency", "latency", "--repeat", "2", "--tail-ratio", "5")
+    expect("latency --tail-ratio 5: exit status", (status, err, behind), (0, "", None))
+
     # DDP (hand-made, REPEAT=4): the lower of the middle two, as printed.
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -652,7 +781,7 @@ def self_test():
     if failures:
         return 1
     print("bench_compare self-test: OpenMPI (ahead, and behind: exit 3), NCCL (with and without a baseline, "
-          "wrong values), cold start, tracing overhead and DDP fixtures give their medians, bests, ratios and "
+          "wrong values), cold start, latency, tracing overhead and DDP fixtures give their medians, bests, ratios and "
           "exit status")
     return 0
 

@@ -2,9 +2,12 @@
 //! one (shm or pcieipc transport, buffers in host memory) or the CUDA one
 //! (buffers in GPU memory). Timing, checking and the table are shared.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use pcieipc::engine::cuda::cudarc::driver::CudaGraph;
+use pcieipc::engine::cuda::cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
 use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, GpuCall, PeerRead};
 use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
@@ -70,6 +73,11 @@ pub trait Collective {
     /// Ends the capture `begin_graph` started.
     fn end_graph(&mut self) -> anyhow::Result<CudaGraph> {
         bail!("--graph needs calls queued on a GPU stream")
+    }
+    /// A clock for `calls` back-to-back calls: the host's, where a call
+    /// returns done.
+    fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
+        Ok(CallClock::Host(Vec::with_capacity(calls + 1)))
     }
 }
 
@@ -288,12 +296,86 @@ impl Collective for CudaCommunicator {
             .context("starting a CUDA graph capture")
     }
 
+    /// On the GPU hand-off calls are queued back to back, and the host's
+    /// clock would time their queuing: each call is timed on the GPU, by
+    /// events recorded on the stream between calls (created before the
+    /// calls, so the loop only records).
+    fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
+        if !self.hands_off_on_gpu() {
+            return Ok(CallClock::Host(Vec::with_capacity(calls + 1)));
+        }
+        let events = (0..=calls)
+            .map(|_| self.gpu().new_timing_event())
+            .collect::<Result<Vec<CudaEvent>, _>>()
+            .context("creating the per-call timing events")?;
+        Ok(CallClock::Gpu {
+            stream: self.gpu().stream_handle(),
+            events,
+            marked: 0,
+        })
+    }
+
     fn end_graph(&mut self) -> anyhow::Result<CudaGraph> {
         self.gpu()
             .stream_handle()
             .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
             .context("ending the CUDA graph capture")?
             .context("the capture recorded no graph")
+    }
+}
+
+/// The points between back-to-back calls, from which each call's time is
+/// read: the host's clock where calls return done, events on the GPU's
+/// stream where they are queued (their resolution is about 0.5 us).
+pub enum CallClock {
+    Host(Vec<Instant>),
+    Gpu {
+        stream: Arc<CudaStream>,
+        events: Vec<CudaEvent>,
+        marked: usize,
+    },
+}
+
+impl CallClock {
+    /// Marks the point after the calls so far (and before the next).
+    pub fn mark(&mut self) -> anyhow::Result<()> {
+        match self {
+            CallClock::Host(stamps) => stamps.push(Instant::now()),
+            CallClock::Gpu {
+                stream,
+                events,
+                marked,
+            } => {
+                let event = events
+                    .get(*marked)
+                    .context("more marks than the clock has events")?;
+                event
+                    .record(stream)
+                    .context("recording a per-call timing event")?;
+                *marked += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each call's time in microseconds, between consecutive marks; the
+    /// calls must have completed (the GPU waited for).
+    pub fn calls_us(&self) -> anyhow::Result<Vec<f64>> {
+        match self {
+            CallClock::Host(stamps) => Ok(stamps
+                .windows(2)
+                .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e6)
+                .collect()),
+            CallClock::Gpu { events, marked, .. } => events[..*marked]
+                .windows(2)
+                .map(|pair| {
+                    pair[0]
+                        .elapsed_ms(&pair[1])
+                        .map(|ms| f64::from(ms) * 1e3)
+                        .context("reading a per-call timing event")
+                })
+                .collect(),
+        }
     }
 }
 

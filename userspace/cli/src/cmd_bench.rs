@@ -19,7 +19,9 @@ use pcieipc::trace::TRACE_ENV;
 use serde_json::json;
 
 use crate::bench_collective::Collective;
+use crate::bench_latency::{parse_peer_calls, Distribution, PeerCalls, Placement, PERCENTILES};
 use crate::cmd_trace::TraceParts;
+use crate::latency_svg::{latency_svg, PlotRow};
 
 /// A host transport of the engine, or the CUDA backend.
 #[derive(Clone, Debug)]
@@ -205,6 +207,20 @@ pub struct Args {
     /// scheduler.
     #[arg(long, value_name = "core|none", default_value = "core", value_parser = ["core", "none"])]
     bind_to: String,
+    /// After the table, each size's per-call latency distribution (every
+    /// timed call timed on its own, the slowest rank's; on the GPU hand-off
+    /// by events between the queued calls): p50, p90, p99, p99.7, max and
+    /// standard deviation. The JSON report always has them.
+    #[arg(long)]
+    latency: bool,
+    /// Draw each size's per-call latency distribution into FILE (SVG), with
+    /// --latency-peer's beside it.
+    #[arg(long, value_name = "FILE.svg")]
+    latency_plot: Option<PathBuf>,
+    /// The peer's per-call times for --latency-plot: the output of
+    /// `bench/mpi_allreduce --latency` ("calls SIZE oop|ip T1 ... TN" lines).
+    #[arg(long, value_name = "FILE", requires = "latency_plot")]
+    latency_peer: Option<PathBuf>,
     /// Print JSON (docs/schemas/bench-v1.schema.json; with --cold-start,
     /// bench-cold-start-v1.schema.json) instead of the table.
     #[arg(long)]
@@ -254,6 +270,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.check == 2 && args.graph {
         bail!("-c 2 checks each call on its own: it cannot time a graph replay (-G)");
     }
+    if args.graph && (args.latency || args.latency_plot.is_some()) {
+        bail!("--latency and --latency-plot time each call: a graph replay (-G) is timed whole");
+    }
+    if args.cold_start && (args.latency || args.latency_plot.is_some()) {
+        bail!("--cold-start already reports each call's time: --latency and --latency-plot are for the sweep");
+    }
     match (args.rank, args.rendezvous.clone()) {
         (Some(rank), Some(rendezvous)) => run_rank(&args, rank, &rendezvous),
         _ => launch(&args),
@@ -276,6 +298,10 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     // Bad --link-of values fail here once, not in every rank.
     for rank in 0..args.nranks {
         link_of(args, rank)?;
+    }
+    // As does a peer file that is not one, before any size is measured.
+    if let Some(peer) = &args.latency_peer {
+        peer_calls(peer)?;
     }
     let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
     let rendezvous = format!("bench-{}", std::process::id());
@@ -332,6 +358,13 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
         crate::output::eprint_line(&format!("# trace: {} ({ranks} ranks)", file.display()));
     }
     Ok(exit)
+}
+
+/// The per-call times in `--latency-peer`'s file.
+fn peer_calls(path: &std::path::Path) -> anyhow::Result<Vec<PeerCalls>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--latency-peer: reading {}", path.display()))?;
+    parse_peer_calls(&text).with_context(|| format!("--latency-peer: {}", path.display()))
 }
 
 /// A rank's options; the job's secret comes from the launcher
@@ -726,18 +759,25 @@ struct Measurement {
     /// Minor page faults the ranks' processes took during the timed calls,
     /// summed over ranks: a call that keeps faulting pages in pays per page.
     page_faults: u64,
+    /// Each timed call's time, the slowest rank's; `None` for a graph replay
+    /// (timed whole) or no timed calls.
+    latency: Option<Distribution>,
 }
 
 impl Measurement {
     fn json(&self) -> serde_json::Value {
-        json!({
+        let mut object = json!({
             "time_us": self.time_us,
             "algbw_gb_s": self.algbw_gb_s,
             "busbw_gb_s": self.busbw_gb_s,
             "wrong": self.wrong,
             "chunk_bytes": self.chunk_bytes,
             "page_faults": self.page_faults,
-        })
+        });
+        if let Some(latency) = &self.latency {
+            object["latency_us"] = latency.json();
+        }
+        object
     }
 }
 
@@ -767,13 +807,14 @@ fn measure<C: Collective, T: BenchElement>(
         }
     };
     let mut wrong = [0i64];
-    let (elapsed, faults) = match expected {
+    let (elapsed, faults, calls_us) = match expected {
         Some(expected) if args.check == 2 => {
             // Each call on its own, its result compared; an in-place call
             // starts again from the rank's input, as its expected result
             // assumes. Only the calls are timed.
             let mut timed = Duration::ZERO;
             let mut faults = 0;
+            let mut calls_us = Vec::with_capacity(args.iters);
             for iteration in 0..args.warmup_iters + args.iters {
                 if in_place {
                     output = comm.upload(&host_input)?;
@@ -783,12 +824,14 @@ fn measure<C: Collective, T: BenchElement>(
                 call(comm, &mut output)?;
                 comm.wait_queued()?;
                 if iteration >= args.warmup_iters {
-                    timed += started.elapsed();
+                    let took = started.elapsed();
+                    timed += took;
+                    calls_us.push(took.as_secs_f64() * 1e6);
                     faults += minor_page_faults()? - faults_before;
                 }
                 wrong[0] += wrong_elements(comm, &output, expected)?;
             }
-            (timed, faults)
+            (timed, faults, Some(calls_us))
         }
         _ => {
             if let Some(expected) = expected {
@@ -807,6 +850,15 @@ fn measure<C: Collective, T: BenchElement>(
     let mut page_faults = [faults as i64];
     comm.host()
         .all_reduce_in_place(&mut page_faults, ReduceOp::Sum)?;
+    // A call takes as long as its slowest rank: a training step waits for it.
+    let latency = match calls_us {
+        Some(mut calls_us) if !calls_us.is_empty() => {
+            comm.host()
+                .all_reduce_in_place(&mut calls_us, ReduceOp::Max)?;
+            Distribution::of(&calls_us)
+        }
+        _ => None,
+    };
     // nccl-tests reports the time averaged over ranks.
     let mut seconds = [elapsed.as_secs_f64() / args.iters.max(1) as f64];
     comm.host()
@@ -820,6 +872,7 @@ fn measure<C: Collective, T: BenchElement>(
         wrong: wrong[0] as u64,
         chunk_bytes,
         page_faults: page_faults[0] as u64,
+        latency,
     })
 }
 
@@ -839,14 +892,16 @@ fn wrong_elements<C: Collective, T: BenchElement>(
 
 /// The warm-up calls, then the timed ones as nccl-tests times them: back to
 /// back (queued, where the communicator queues them on a stream), or one
-/// replay of them captured in a graph, then one wait. Returns their time and
-/// the minor page faults they took.
+/// replay of them captured in a graph, then one wait. Returns their time,
+/// the minor page faults they took and, unless replayed from a graph, each
+/// call's time (µs; marking the points between calls costs a clock read on
+/// the host, an event record on a GPU stream).
 fn back_to_back<C: Collective, T: BenchElement>(
     comm: &mut C,
     args: &Args,
     output: &mut C::Buffer<T>,
     queue: impl Fn(&mut C, &mut C::Buffer<T>) -> anyhow::Result<()>,
-) -> anyhow::Result<(Duration, u64)> {
+) -> anyhow::Result<(Duration, u64, Option<Vec<f64>>)> {
     for _ in 0..args.warmup_iters {
         queue(comm, output)?;
     }
@@ -864,19 +919,26 @@ fn back_to_back<C: Collective, T: BenchElement>(
     } else {
         None
     };
+    let mut clock = match graph {
+        Some(_) => None,
+        None => Some(comm.call_clock(args.iters)?),
+    };
     let faults_before = minor_page_faults()?;
     let started = Instant::now();
-    match &graph {
-        Some(graph) => graph.launch().context("replaying the CUDA graph")?,
-        None => {
-            for _ in 0..args.iters {
-                queue(comm, output)?;
-            }
+    if let Some(graph) = &graph {
+        graph.launch().context("replaying the CUDA graph")?;
+    } else if let Some(clock) = &mut clock {
+        clock.mark()?;
+        for _ in 0..args.iters {
+            queue(comm, output)?;
+            clock.mark()?;
         }
     }
     comm.wait_queued()?;
     let elapsed = started.elapsed();
-    Ok((elapsed, minor_page_faults()? - faults_before))
+    let faults = minor_page_faults()? - faults_before;
+    let calls_us = clock.map(|clock| clock.calls_us()).transpose()?;
+    Ok((elapsed, faults, calls_us))
 }
 
 /// Minor page faults of this process so far.
@@ -962,6 +1024,7 @@ fn sweep<C: Collective, T: BenchElement>(
             .expect("static progress template"),
     );
     let mut rows = Vec::with_capacity(sizes.len());
+    let mut latencies = Vec::with_capacity(2 * sizes.len());
     let mut faulting = Vec::new();
     let mut total_wrong = 0;
     let mut busbw_sum = 0.0;
@@ -1004,6 +1067,14 @@ fn sweep<C: Collective, T: BenchElement>(
             "out_of_place": out_of_place.json(),
             "in_place": in_place.json(),
         }));
+        for (placement, measured) in [
+            (Placement::OutOfPlace, out_of_place),
+            (Placement::InPlace, in_place),
+        ] {
+            if let Some(latency) = measured.latency {
+                latencies.push((*bytes, placement, latency));
+            }
+        }
         progress.inc(1);
     }
     progress.finish_and_clear();
@@ -1053,6 +1124,12 @@ fn sweep<C: Collective, T: BenchElement>(
                     faulting.join(", ")
                 );
             }
+            if args.latency {
+                print_latency_table(&latencies);
+            }
+        }
+        if let Some(file) = &args.latency_plot {
+            plot_latency(args, comm.transport_name(), nranks, latencies, file)?;
         }
     }
     Ok(if total_wrong > 0 {
@@ -1060,6 +1137,64 @@ fn sweep<C: Collective, T: BenchElement>(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `--latency`'s table: each size's per-call distribution.
+fn print_latency_table(latencies: &[(usize, Placement, Distribution)]) {
+    println!("#");
+    println!("# Per-call latency (us; each call the slowest rank's, timed on its own)");
+    let names: Vec<&str> = PERCENTILES.iter().map(|(name, _)| *name).collect();
+    println!(
+        "#       size      placement   calls  {:>9}  {:>9}  {:>9}  {:>9}        max     stddev  p99.7/p50",
+        names[0], names[1], names[2], names[3].replace('_', ".")
+    );
+    for (bytes, placement, d) in latencies {
+        let [p50, p90, p99, p99_7] = d.percentiles;
+        println!(
+            "{bytes:>12}  {:>13}  {:>6}  {p50:>9.2}  {p90:>9.2}  {p99:>9.2}  {p99_7:>9.2}  {:>9.2}  {:>9.3}  {:>9.2}",
+            placement.name(),
+            d.calls,
+            d.max,
+            d.stddev,
+            p99_7 / p50
+        );
+    }
+}
+
+/// `--latency-plot`: the distributions, the peer's (`--latency-peer`)
+/// beside those of the same size and placement.
+fn plot_latency(
+    args: &Args,
+    transport: &str,
+    nranks: usize,
+    latencies: Vec<(usize, Placement, Distribution)>,
+    file: &std::path::Path,
+) -> anyhow::Result<()> {
+    let peer = args.latency_peer.as_deref().map(peer_calls).transpose()?;
+    let rows: Vec<PlotRow> = latencies
+        .into_iter()
+        .map(|(size_bytes, placement, ours)| PlotRow {
+            size_bytes,
+            placement,
+            ours,
+            peer: peer.iter().flatten().find_map(|series| {
+                (series.size_bytes == size_bytes && series.placement == placement)
+                    .then(|| Distribution::of(&series.calls_us))
+                    .flatten()
+            }),
+        })
+        .collect();
+    let title = format!(
+        "all_reduce per-call latency, {nranks} ranks, {} {}, transport {transport}",
+        args.datatype.name(),
+        args.op.name()
+    );
+    // The peer file is bench/mpi_allreduce's.
+    let peer_name = args.latency_peer.as_ref().map(|_| "MPI_Allreduce");
+    std::fs::write(file, latency_svg(&rows, &title, "pcieipc", peer_name))
+        .with_context(|| format!("--latency-plot: writing {}", file.display()))?;
+    crate::output::eprint_line(&format!("# latency plot: {}", file.display()));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench_collective;
+mod bench_latency;
 mod cmd_bench;
 mod cmd_completions;
 mod cmd_device;
@@ -17,6 +18,7 @@ mod cmd_probe;
 mod cmd_trace;
 mod cmd_version;
 mod html;
+mod latency_svg;
 mod monitor_service;
 mod output;
 mod probe_text;

@@ -232,8 +232,8 @@ impl Gpu {
     }
 
     /// An event that records when the GPU passed it, for the trace's kernel
-    /// spans (`new_event`'s skip timing).
-    pub(crate) fn new_timing_event(&self) -> Result<CudaEvent, CudaError> {
+    /// spans and the bench's per-call times (`new_event`'s skip timing).
+    pub fn new_timing_event(&self) -> Result<CudaEvent, CudaError> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(self.driver("creating a timing event"))

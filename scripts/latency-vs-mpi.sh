@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Per-call latency distributions of pcieipc's all_reduce (2 ranks, shm
+# transport) and OpenMPI's MPI_Allreduce (Debian's openmpi, shared-memory BTL
+# "vader") on this host: each timed call timed on its own, the slowest rank's
+# (`pcieipc bench --json`'s latency_us, bench/mpi_allreduce.c --latency),
+# float sum, out of place and in place, back to back after a tenth as many
+# untimed calls. The sides alternate size by size and take turns going
+# first; the table gives each side's medians over the runs of p50, p99,
+# p99.7, the maximum and the standard deviation (scripts/bench_compare.py
+# latency).
+#
+# Usage: scripts/latency-vs-mpi.sh          (REPEAT=3 MIN_BYTES=8 MAX_BYTES=268435456
+#                                           FACTOR=4 TAIL_RATIO=1.5 TAIL_UP_TO=1048576 by
+#                                           default; each size timed over
+#                                           CALL_BYTES / size calls (4 GiB), at least
+#                                           MIN_CALLS=400 (so that p99.7 is not the
+#                                           maximum) and at most MAX_CALLS=10000)
+#        PLOT=FILE.svg scripts/latency-vs-mpi.sh
+#                                           also draws one more run of each side over
+#                                           the same sizes, PLOT_CALLS=400 calls each,
+#                                           with `pcieipc bench --latency-plot`
+#        PCIEIPC=path/to/pcieipc scripts/latency-vs-mpi.sh
+#                                           runs that prebuilt pcieipc instead of building
+#                                           this tree (the GPU hosts have no cargo)
+#        KEEP=DIR scripts/latency-vs-mpi.sh keeps every run's raw results in DIR
+# Exits 3 when pcieipc's median p99.7 is above MPI's at any size, or above
+# TAIL_RATIO times its own p50 at any size up to TAIL_UP_TO bytes.
+# Needs: cargo (unless PCIEIPC is given), mpicc, mpirun, python3
+# (apt-get install openmpi-bin libopenmpi-dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REPEAT=${REPEAT:-3}
+MIN_BYTES=${MIN_BYTES:-8}
+MAX_BYTES=${MAX_BYTES:-268435456}
+FACTOR=${FACTOR:-4}
+CALL_BYTES=${CALL_BYTES:-4294967296}
+MIN_CALLS=${MIN_CALLS:-400}
+MAX_CALLS=${MAX_CALLS:-10000}
+PLOT_CALLS=${PLOT_CALLS:-400}
+TAIL_RATIO=${TAIL_RATIO:-1.5}
+TAIL_UP_TO=${TAIL_UP_TO:-1048576}
+PLOT=${PLOT:-}
+PCIEIPC=${PCIEIPC:-}
+KEEP=${KEEP:-}
+
+for knob in REPEAT MIN_BYTES MAX_BYTES FACTOR CALL_BYTES MIN_CALLS MAX_CALLS PLOT_CALLS TAIL_UP_TO; do
+    [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || { echo "latency-vs-mpi: $knob=${!knob} is not a positive whole number" >&2; exit 1; }
+done
+[[ $TAIL_RATIO =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "latency-vs-mpi: TAIL_RATIO=$TAIL_RATIO is not a number" >&2; exit 1; }
+[ "$FACTOR" -ge 2 ] || { echo "latency-vs-mpi: FACTOR=$FACTOR must be at least 2" >&2; exit 1; }
+[ "$MIN_BYTES" -le "$MAX_BYTES" ] || { echo "latency-vs-mpi: MIN_BYTES=$MIN_BYTES is above MAX_BYTES=$MAX_BYTES" >&2; exit 1; }
+[ "$MIN_CALLS" -le "$MAX_CALLS" ] || { echo "latency-vs-mpi: MIN_CALLS=$MIN_CALLS is above MAX_CALLS=$MAX_CALLS" >&2; exit 1; }
+tools=(mpicc mpirun python3)
+[ -n "$PCIEIPC" ] || tools+=(cargo)
+for tool in "${tools[@]}"; do
+    command -v "$tool" >/dev/null || { echo "latency-vs-mpi: $tool is missing (see the header)" >&2; exit 1; }
+done
+if [ -n "$PCIEIPC" ] && [ ! -x "$PCIEIPC" ]; then
+    echo "latency-vs-mpi: PCIEIPC=$PCIEIPC is not an executable pcieipc binary" >&2
+    exit 1
+fi
+
+source scripts/bench-mpi-common.sh
+
+echo "# host: $(nproc) CPUs, $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')$(grep -qw hypervisor /proc/cpuinfo && echo ', under a hypervisor' || true), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# pcieipc: $("$pcieipc" --version | head -1), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
+sizes=()
+for ((size = MIN_BYTES; size <= MAX_BYTES; size *= FACTOR)); do sizes+=("$size"); done
+calls_for() {
+    local n=$((CALL_BYTES / $1))
+    ((n < MIN_CALLS)) && n=$MIN_CALLS
+    ((n > MAX_CALLS)) && n=$MAX_CALLS
+    echo "$n"
+}
+ours_at() { # SIZE RUN
+    local calls
+    calls=$(calls_for "$1")
+    "$pcieipc" bench -b "$1" -e "$1" -n "$calls" -w $((calls / 10)) -c 1 --nranks 2 --json \
+        >"$work/pcieipc-$2.$1.json"
+}
+mpi_at() { # SIZE RUN
+    local calls
+    calls=$(calls_for "$1")
+    mpi --latency "$1" "$1" 2 "$calls" $((calls / 10)) >"$work/mpi-$2.$1.txt"
+}
+for run in $(seq "$REPEAT"); do
+    for k in "${!sizes[@]}"; do
+        if [ $(((run + k) % 2)) = 1 ]; then
+            ours_at "${sizes[k]}" "$run"; mpi_at "${sizes[k]}" "$run"
+        else
+            mpi_at "${sizes[k]}" "$run"; ours_at "${sizes[k]}" "$run"
+        fi
+    done
+done
+status=0
+python3 scripts/bench_compare.py latency "$work" --repeat "$REPEAT" --tail-ratio "$TAIL_RATIO" \
+    --tail-up-to "$TAIL_UP_TO" || status=$?
+[ "$status" = 0 ] || [ "$status" = 3 ] || exit 1
+if [ -n "$PLOT" ]; then
+    mpi --latency "$MIN_BYTES" "$MAX_BYTES" "$FACTOR" "$PLOT_CALLS" $((PLOT_CALLS / 10)) >"$work/plot-mpi.txt"
+    "$pcieipc" bench -b "$MIN_BYTES" -e "$MAX_BYTES" -f "$FACTOR" -n "$PLOT_CALLS" -w $((PLOT_CALLS / 10)) \
+        --nranks 2 --latency-plot "$PLOT" --latency-peer "$work/plot-mpi.txt" >"$work/plot-pcieipc.txt"
+fi
+exit "$status"
