@@ -7,7 +7,12 @@
 # untimed calls. The sides alternate size by size and take turns going
 # first; the table gives each side's medians over the runs of p50, p99,
 # p99.7, the maximum and the standard deviation (scripts/bench_compare.py
-# latency).
+# latency). Before each round, bench/host_gaps.c measures for GAP_SECONDS
+# what the host takes from the ranks' CPUs (0 and 1, where both sides bind
+# their ranks): every stretch of more than 1 us the CPU was not running the
+# loop. The table's last column is the share of calls of that size such gaps
+# would hit for at least half their median: where it is above 0.3%, no
+# all_reduce's p99.7 can stay within 1.5 times its p50 on this host.
 #
 # Usage: scripts/latency-vs-mpi.sh          (REPEAT=3 MIN_BYTES=8 MAX_BYTES=268435456
 #                                           FACTOR=4 TAIL_RATIO=1.5 TAIL_UP_TO=1048576 by
@@ -25,7 +30,7 @@
 #        KEEP=DIR scripts/latency-vs-mpi.sh keeps every run's raw results in DIR
 # Exits 3 when pcieipc's median p99.7 is above MPI's at any size, or above
 # TAIL_RATIO times its own p50 at any size up to TAIL_UP_TO bytes.
-# Needs: cargo (unless PCIEIPC is given), mpicc, mpirun, python3
+# Needs: cargo (unless PCIEIPC is given), mpicc, gcc, mpirun, python3
 # (apt-get install openmpi-bin libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +43,7 @@ CALL_BYTES=${CALL_BYTES:-4294967296}
 MIN_CALLS=${MIN_CALLS:-400}
 MAX_CALLS=${MAX_CALLS:-10000}
 PLOT_CALLS=${PLOT_CALLS:-400}
+GAP_SECONDS=${GAP_SECONDS:-1}
 TAIL_RATIO=${TAIL_RATIO:-1.5}
 TAIL_UP_TO=${TAIL_UP_TO:-1048576}
 PLOT=${PLOT:-}
@@ -47,11 +53,14 @@ KEEP=${KEEP:-}
 for knob in REPEAT MIN_BYTES MAX_BYTES FACTOR CALL_BYTES MIN_CALLS MAX_CALLS PLOT_CALLS TAIL_UP_TO; do
     [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || { echo "latency-vs-mpi: $knob=${!knob} is not a positive whole number" >&2; exit 1; }
 done
-[[ $TAIL_RATIO =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "latency-vs-mpi: TAIL_RATIO=$TAIL_RATIO is not a number" >&2; exit 1; }
+for knob in TAIL_RATIO GAP_SECONDS; do
+    [[ ${!knob} =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "latency-vs-mpi: $knob=${!knob} is not a number" >&2; exit 1; }
+done
+[ "$(nproc)" -ge 2 ] || { echo "latency-vs-mpi: needs 2 CPUs, one per rank" >&2; exit 1; }
 [ "$FACTOR" -ge 2 ] || { echo "latency-vs-mpi: FACTOR=$FACTOR must be at least 2" >&2; exit 1; }
 [ "$MIN_BYTES" -le "$MAX_BYTES" ] || { echo "latency-vs-mpi: MIN_BYTES=$MIN_BYTES is above MAX_BYTES=$MAX_BYTES" >&2; exit 1; }
 [ "$MIN_CALLS" -le "$MAX_CALLS" ] || { echo "latency-vs-mpi: MIN_CALLS=$MIN_CALLS is above MAX_CALLS=$MAX_CALLS" >&2; exit 1; }
-tools=(mpicc mpirun python3)
+tools=(mpicc gcc mpirun python3)
 [ -n "$PCIEIPC" ] || tools+=(cargo)
 for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { echo "latency-vs-mpi: $tool is missing (see the header)" >&2; exit 1; }
@@ -62,6 +71,8 @@ if [ -n "$PCIEIPC" ] && [ ! -x "$PCIEIPC" ]; then
 fi
 
 source scripts/bench-mpi-common.sh
+host_gaps="$work/host_gaps"
+gcc -O2 -o "$host_gaps" bench/host_gaps.c
 
 echo "# host: $(nproc) CPUs, $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')$(grep -qw hypervisor /proc/cpuinfo && echo ', under a hypervisor' || true), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# pcieipc: $("$pcieipc" --version | head -1), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
@@ -85,6 +96,10 @@ mpi_at() { # SIZE RUN
     mpi --latency "$1" "$1" 2 "$calls" $((calls / 10)) >"$work/mpi-$2.$1.txt"
 }
 for run in $(seq "$REPEAT"); do
+    "$host_gaps" 0 "$GAP_SECONDS" >"$work/gaps-$run.txt" &
+    "$host_gaps" 1 "$GAP_SECONDS" >"$work/gaps-$run.1.txt"
+    wait
+    cat "$work/gaps-$run.1.txt" >>"$work/gaps-$run.txt" && rm "$work/gaps-$run.1.txt"
     for k in "${!sizes[@]}"; do
         if [ $(((run + k) % 2)) = 1 ]; then
             ours_at "${sizes[k]}" "$run"; mpi_at "${sizes[k]}" "$run"

@@ -77,7 +77,7 @@ pub trait Collective {
     /// A clock for `calls` back-to-back calls: the host's, where a call
     /// returns done.
     fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
-        Ok(CallClock::Host(Vec::with_capacity(calls + 1)))
+        Ok(CallClock::host(calls))
     }
 }
 
@@ -302,7 +302,7 @@ impl Collective for CudaCommunicator {
     /// calls, so the loop only records).
     fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
         if !self.hands_off_on_gpu() {
-            return Ok(CallClock::Host(Vec::with_capacity(calls + 1)));
+            return Ok(CallClock::host(calls));
         }
         let events = (0..=calls)
             .map(|_| self.gpu().new_timing_event())
@@ -328,7 +328,10 @@ impl Collective for CudaCommunicator {
 /// read: the host's clock where calls return done, events on the GPU's
 /// stream where they are queued (their resolution is about 0.5 us).
 pub enum CallClock {
-    Host(Vec<Instant>),
+    Host {
+        stamps: Vec<Instant>,
+        marked: usize,
+    },
     Gpu {
         stream: Arc<CudaStream>,
         events: Vec<CudaEvent>,
@@ -337,10 +340,25 @@ pub enum CallClock {
 }
 
 impl CallClock {
+    /// The host's clock for `calls` calls. Its stamps are written here, not
+    /// first by the calls' marks: a page of them faulted in by a mark (one
+    /// in 256 calls) cost that call a microsecond or more.
+    fn host(calls: usize) -> CallClock {
+        CallClock::Host {
+            stamps: vec![Instant::now(); calls + 1],
+            marked: 0,
+        }
+    }
+
     /// Marks the point after the calls so far (and before the next).
     pub fn mark(&mut self) -> anyhow::Result<()> {
         match self {
-            CallClock::Host(stamps) => stamps.push(Instant::now()),
+            CallClock::Host { stamps, marked } => {
+                *stamps
+                    .get_mut(*marked)
+                    .context("more marks than the clock has stamps")? = Instant::now();
+                *marked += 1;
+            }
             CallClock::Gpu {
                 stream,
                 events,
@@ -362,7 +380,7 @@ impl CallClock {
     /// calls must have completed (the GPU waited for).
     pub fn calls_us(&self) -> anyhow::Result<Vec<f64>> {
         match self {
-            CallClock::Host(stamps) => Ok(stamps
+            CallClock::Host { stamps, marked } => Ok(stamps[..*marked]
                 .windows(2)
                 .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e6)
                 .collect()),
