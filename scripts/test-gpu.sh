@@ -90,6 +90,29 @@ run() {
     log "pcieipc bench --transport cuda --handoff gpu --p2p off, 2 ranks on GPU 0: kernels through pinned shared host memory, results checked"
     "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu --p2p off \
         -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
+    # Each queued call timed by the events between them: 300 calls per size
+    # and placement, the percentiles in order, and their mean the calls'
+    # mean time (the report's time_us, from the host's clock over all of
+    # them) within a quarter.
+    for handoff in gpu host; do
+        log "pcieipc bench --transport cuda --handoff $handoff --json, 2 ranks on GPU 0: per-call latency"
+        "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff "$handoff" \
+            -b 8 -e 1M -f 32 -n 300 -w 30 -c 1 --json >"$dir/latency-$handoff.json" || failed=1
+        python3 - "$dir/latency-$handoff.json" <<'CHECK' || failed=1
+import json, sys
+report = json.load(open(sys.argv[1]))
+for row in report["results"]:
+    for placement in ("out_of_place", "in_place"):
+        measured = row[placement]
+        latency = measured["latency_us"]
+        ladder = [latency[key] for key in ("p50", "p90", "p99", "p99_7", "max")]
+        where = f'{row["size_bytes"]} B {placement}: {latency}, time_us {measured["time_us"]}'
+        assert latency["calls"] == 300, where
+        assert ladder == sorted(ladder) and ladder[0] > 0, where
+        assert abs(latency["mean"] - measured["time_us"]) <= 0.25 * measured["time_us"] + 1.0, where
+print(f"per-call latency: {len(report['results'])} sizes checked")
+CHECK
+    done
     log "the same, the timed calls captured in a CUDA graph and replayed (-G)"
     "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \
         -b 8 -e 256M -f 64 -n 20 -w 5 -c 1 || failed=1
