@@ -12,7 +12,10 @@
 # their ranks): every stretch of more than 1 us the CPU was not running the
 # loop. The table's last column is the share of calls of that size such gaps
 # would hit for at least half their median: where it is above 0.3%, no
-# all_reduce's p99.7 can stay within 1.5 times its p50 on this host.
+# all_reduce's p99.7 can stay within 1.5 times its p50 on this host. Up to
+# TAIL_UP_TO, each round also times bench/handoff_floor.c, a bare 2-rank
+# one-shot hand-off in C between the same two CPUs: the host's floor for a
+# call of that size, its jitter included.
 #
 # Usage: scripts/latency-vs-mpi.sh          (REPEAT=3 MIN_BYTES=8 MAX_BYTES=268435456
 #                                           FACTOR=4 TAIL_RATIO=1.5 TAIL_UP_TO=1048576 by
@@ -71,8 +74,9 @@ if [ -n "$PCIEIPC" ] && [ ! -x "$PCIEIPC" ]; then
 fi
 
 source scripts/bench-mpi-common.sh
-host_gaps="$work/host_gaps"
+host_gaps="$work/host_gaps" handoff_floor="$work/handoff_floor"
 gcc -O2 -o "$host_gaps" bench/host_gaps.c
+gcc -O2 -o "$handoff_floor" bench/handoff_floor.c
 
 echo "# host: $(nproc) CPUs, $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')$(grep -qw hypervisor /proc/cpuinfo && echo ', under a hypervisor' || true), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# pcieipc: $("$pcieipc" --version | head -1), OpenMPI: $(mpirun --version 2>/dev/null | head -1)"
@@ -95,6 +99,11 @@ mpi_at() { # SIZE RUN
     calls=$(calls_for "$1")
     mpi --latency "$1" "$1" 2 "$calls" $((calls / 10)) >"$work/mpi-$2.$1.txt"
 }
+floor_at() { # SIZE RUN
+    local calls
+    calls=$(calls_for "$1")
+    "$handoff_floor" "$1" "$calls" $((calls / 10)) >"$work/floor-$2.$1.txt"
+}
 for run in $(seq "$REPEAT"); do
     "$host_gaps" 0 "$GAP_SECONDS" >"$work/gaps-$run.txt" &
     "$host_gaps" 1 "$GAP_SECONDS" >"$work/gaps-$run.1.txt"
@@ -106,6 +115,7 @@ for run in $(seq "$REPEAT"); do
         else
             mpi_at "${sizes[k]}" "$run"; ours_at "${sizes[k]}" "$run"
         fi
+        [ "${sizes[k]}" -gt "$TAIL_UP_TO" ] || floor_at "${sizes[k]}" "$run"
     done
 done
 status=0
