@@ -15,7 +15,8 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::message::{
-    check_word, data_of, seed, stamp_check_word, Stream, CHECKSUM_MASK, STAMP_CHECKSUMMED,
+    check_word, data_of, one_shot_data_of, seed, stamp_check_word, Stream, CHECKSUM_MASK,
+    STAMP_CHECKSUMMED,
 };
 use super::peers::Peers;
 use super::shadows::{bytes_of, room};
@@ -172,12 +173,14 @@ impl CheckedCopies {
                 Carrier::OneShotWindow => &mut self.one_shot[peer],
             };
             let copy = room(buffer, bytes);
+            let data = match carrier {
+                Carrier::OneShotWindow => one_shot_data_of::<u8>(source, bytes),
+                Carrier::RawSlot | Carrier::RelaySlot => data_of::<u8>(source),
+            };
             // SAFETY: the peer published the window (its counter said so) and
             // leaves it alone until this rank is done with it; `copy` has
             // room for `bytes`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(data_of::<u8>(source).as_ptr(), copy.as_ptr(), bytes)
-            };
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), copy.as_ptr(), bytes) };
             let sum = checksum(seed(carrier, message), bytes_of(buffer, bytes));
             if sum == (check_word >> 32) as u32 & CHECKSUM_MASK {
                 if reads > 1 {

@@ -9,7 +9,7 @@ use nix::unistd::Pid;
 
 use super::agreement::Agreement;
 use super::checked::CheckedCopies;
-use super::message::MESSAGE_HEADER_BYTES;
+use super::message::{MESSAGE_HEADER_BYTES, ONE_SHOT_SPILLED_DATA};
 use super::options::CommOptions;
 use super::peers::{Peers, WaitPolicy};
 use super::shadows::Shadows;
@@ -66,8 +66,9 @@ impl Communicator {
                 slot_bytes: MESSAGE_HEADER_BYTES + options.chunk_policy.max_chunk_bytes(),
                 raw_slots: in_flight + 1,
                 relay_slots: (in_flight + 1) * relay_steps,
-                // A message at the budget fits one window, stamp included.
-                one_shot_bytes: MESSAGE_HEADER_BYTES + options.one_shot_read_budget,
+                // A message at the budget fits one window, after the
+                // stamp's cache-line pair (message.rs).
+                one_shot_bytes: ONE_SHOT_SPILLED_DATA + options.one_shot_read_budget,
                 backend_bytes: options.backend_bytes,
             },
             join_timeout: options.join_timeout,

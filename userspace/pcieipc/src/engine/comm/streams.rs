@@ -15,7 +15,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::checked::{one_shot_check_word, CheckedCopies, ResendRecord};
-use super::message::{data_of, Stream, MESSAGE_HEADER_BYTES};
+use super::message::{
+    data_of, one_shot_data_of, Stream, MESSAGE_HEADER_BYTES, ONE_SHOT_SPILLED_DATA,
+};
 use super::peers::Peers;
 use crate::engine::error::EngineError;
 use crate::engine::transport::{Signal, Transport, Window};
@@ -503,7 +505,7 @@ impl SlotStreams {
         // written below, atomically.
         unsafe { std::ptr::copy_nonoverlapping(stamp.as_ptr(), start, 3) };
         let mut outgoing = Outgoing::<T> {
-            data: data_of(transport.window(peers.rank, window)),
+            data: one_shot_data_of(transport.window(peers.rank, window), bytes),
             len: data.len(),
         };
         outgoing.copy_from_slice(data);
@@ -565,7 +567,10 @@ impl SlotStreams {
     ) -> Incoming<T> {
         let data = match &self.checked {
             Some(checked) => checked.one_shot_copy(owner),
-            None => data_of(peers.transport.window(owner, Window::OneShot { parity })),
+            None => one_shot_data_of(
+                peers.transport.window(owner, Window::OneShot { parity }),
+                len * std::mem::size_of::<T>(),
+            ),
         };
         Incoming {
             data: data.cast(),
@@ -573,9 +578,9 @@ impl SlotStreams {
         }
     }
 
-    /// The bytes a one-shot window holds past its stamp.
+    /// The bytes of the largest message a one-shot window holds.
     pub(crate) fn one_shot_capacity(peers: &Peers) -> usize {
-        peers.transport.sizes().one_shot_bytes - MESSAGE_HEADER_BYTES
+        peers.transport.sizes().one_shot_bytes - ONE_SHOT_SPILLED_DATA
     }
 
     /// Waits until the successor has consumed every message this rank sent,
