@@ -45,6 +45,8 @@ static double time_allreduce(float *in, float *out, size_t count, int iters, int
 	float *recv = in_place ? in : out;
 	for (int i = 0; i < warmup; i++)
 		MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+	/* As `pcieipc bench` and nccl-tests: the ranks enter the timed loop together. */
+	MPI_Barrier(MPI_COMM_WORLD);
 	double start = MPI_Wtime(), end;
 	if (stamps) {
 		stamps[0] = start;

@@ -923,6 +923,10 @@ fn back_to_back<C: Collective, T: BenchElement>(
         Some(_) => None,
         None => Some(comm.call_clock(args.iters)?),
     };
+    // The ranks leave the warm-up and set up their clocks apart; a barrier,
+    // as nccl-tests has before its timed loop, keeps that skew out of the
+    // first timed call.
+    comm.host().all_reduce_in_place(&mut [0u8], ReduceOp::Max)?;
     let faults_before = minor_page_faults()?;
     let started = Instant::now();
     if let Some(graph) = &graph {
