@@ -109,10 +109,32 @@ LIST
 # The same guest scripts on Debian's packaged kernel (its vmlinuz, the
 # pcieipc.ko built against its headers): load/unload and VERSION, the data
 # path, DMA, AER, link and events. TOPOLOGY GUEST-SCRIPT
+#
+# Debian's 6.1 kernel under QEMU's TCG (2 vCPUs) stops making progress about
+# once in 12 runs of aer.sh, at any point: before the script's first line,
+# or with an RCU stall report saying a timer wakeup on an idle vCPU never
+# happened ("Possible timer handling issue on cpu=1"); idle=halt did not
+# prevent it, the testbed's own kernel never showed it. Such a run, ended by
+# the harness's time limit, is made once more, and says so; any other
+# failure, or a second hang, fails the step. Every script here also runs on
+# the testbed's kernel above, with no second run, so a hang of the module's
+# own still fails the suite there.
+distro_guest() { # TOPOLOGY GUEST
+    local log rc
+    log=$(mktemp)
+    bash scripts/testbed.sh --distro "tests/topologies/$1" "tests/guest/$2" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ] && grep -q "the guest did not finish within" "$log"; then
+        echo "distro_guest: the guest on Debian's kernel stopped making progress (see scripts/test.sh); running $2 once more"
+        bash scripts/testbed.sh --distro "tests/topologies/$1" "tests/guest/$2"
+        rc=$?
+    fi
+    rm -f "$log"
+    return "$rc"
+}
 while read -r topology guest; do
     [ -n "$topology" ] || continue
-    add_step "guest on Debian's kernel: $guest on $topology" \
-        "bash scripts/testbed.sh --distro tests/topologies/$topology tests/guest/$guest"
+    add_step "guest on Debian's kernel: $guest on $topology" "distro_guest $topology $guest"
 done <<'LIST'
 fabric.toml module.sh
 datapath.toml datapath-ipc.sh

@@ -299,9 +299,23 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
     for rank in 0..args.nranks {
         link_of(args, rank)?;
     }
-    // As does a peer file that is not one, before any size is measured.
+    // As do a peer file that is not one and a plot with nowhere to go,
+    // before any size is measured.
     if let Some(peer) = &args.latency_peer {
         peer_calls(peer)?;
+    }
+    if let Some(plot) = &args.latency_plot {
+        let directory = match plot.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => std::path::Path::new("."),
+        };
+        if !directory.is_dir() {
+            bail!(
+                "--latency-plot {}: no directory {} to write it in",
+                plot.display(),
+                directory.display()
+            );
+        }
     }
     let exe = std::env::current_exe().context("finding this executable to start the ranks")?;
     let rendezvous = format!("bench-{}", std::process::id());

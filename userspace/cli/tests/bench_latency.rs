@@ -125,6 +125,16 @@ fn a_peer_file_that_is_not_one_is_refused_before_the_ranks_start() {
         !output.status.success() && stderr.contains("missing.txt"),
         "{stderr}"
     );
+    // A plot with no directory to go to is refused before any call.
+    let nowhere = dir.join("no-such-directory").join("plot.svg");
+    let output = bench(&["--latency-plot", nowhere.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && stderr.contains("no-such-directory")
+            && output.stdout.is_empty(),
+        "{stderr}"
+    );
 }
 
 #[test]
