@@ -86,6 +86,25 @@ def is_report(text):
     return text.lstrip().startswith("{")
 
 
+def report_schema(name):
+    """The JSON schema docs/schemas/NAME to validate pcieipc's reports
+    against, or None, said on stdout, where python3-jsonschema is missing."""
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        print(f"# bench JSON not validated against {name}: python3-jsonschema missing")
+        return None
+    return json.load(open(os.path.join(ROOT, name)))
+
+
+def validated(report, schema):
+    """`report`, checked against `schema` unless that is None."""
+    if schema is not None:
+        import jsonschema
+        jsonschema.validate(report, schema)
+    return report
+
+
 def pcieipc_output(file, schema=None):
     """One `pcieipc bench` run's output: its --json report (validated against
     `schema` when given) or its text table, whose columns 1, 6, 8, 10 and 12
@@ -98,10 +117,7 @@ def pcieipc_output(file, schema=None):
                 fields = line.split()
                 rows[int(fields[0])] = tuple(float(fields[at]) for at in (5, 7, 9, 11))
         return Output(rows, None, None)
-    report = json.loads(text)
-    if schema is not None:
-        import jsonschema
-        jsonschema.validate(report, schema)
+    report = validated(json.loads(text), schema)
     rows = {row["size_bytes"]: (row["out_of_place"]["time_us"], row["out_of_place"]["busbw_gb_s"],
                                 row["in_place"]["time_us"], row["in_place"]["busbw_gb_s"])
             for row in report["results"]}
@@ -253,12 +269,7 @@ def steal_summary(work, steal_retries):
 def mpi_report(work, repeat, latency_repeat, steal_retries, baseline=False, relay=False):
     """bench-vs-mpi.sh's report; BEHIND where pcieipc's median is behind
     MPI's at 8 bytes or in busbw at any size."""
-    try:
-        import jsonschema  # noqa: F401
-        schema = json.load(open(os.path.join(ROOT, SCHEMA)))
-    except ImportError:
-        schema = None
-        print(f"# bench JSON not validated against {SCHEMA}: python3-jsonschema missing")
+    schema = report_schema(SCHEMA)
     # The paths each binary's reports name, apart: a baseline that took another
     # path (algorithm) at some size is part of what a before/after shows.
     paths = {"pcieipc": set(), "baseline": set()}
@@ -332,17 +343,10 @@ def cold_start_report(work, repeat, at_most):
     """cold-start-vs-mpi.sh's table: per size and side, the medians over
     the runs of the first call, the steady time and the calls to steady;
     BEHIND where pcieipc's median calls exceed `at_most` at any size."""
-    try:
-        import jsonschema
-        schema = json.load(open(os.path.join(ROOT, COLD_START_SCHEMA)))
-    except ImportError:
-        jsonschema = None
-        print(f"# bench JSON not validated against {COLD_START_SCHEMA}: python3-jsonschema missing")
+    schema = report_schema(COLD_START_SCHEMA)
     sides = {"pcieipc": {}, "MPI": {}, "copy": {}}
     for run in range(1, repeat + 1):
-        report = json.load(open(f"{work}/pcieipc-{run}.json"))
-        if jsonschema is not None:
-            jsonschema.validate(report, schema)
+        report = validated(json.load(open(f"{work}/pcieipc-{run}.json")), schema)
         for row in report["results"]:
             steady, calls = to_steady(row["calls_us"])
             if (steady, calls) != (row["steady_us"], row["calls_to_steady"]):
@@ -445,18 +449,11 @@ def latency_report(work, repeat, tail_ratio, tail_up_to):
     deviation, pcieipc's p99.7 / p50 and its p99.7 / MPI's; BEHIND where
     pcieipc's p99.7 is above MPI's, or above tail_ratio times its p50 at
     sizes up to tail_up_to."""
-    try:
-        import jsonschema
-        schema = json.load(open(os.path.join(ROOT, SCHEMA)))
-    except ImportError:
-        jsonschema = None
-        print(f"# bench JSON not validated against {SCHEMA}: python3-jsonschema missing")
+    schema = report_schema(SCHEMA)
     sides = {"pcieipc": {}, "MPI": {}, "floor": {}}
     for run in range(1, repeat + 1):
         for file in glob.glob(f"{work}/pcieipc-{run}.*.json"):
-            report = json.load(open(file))
-            if jsonschema is not None:
-                jsonschema.validate(report, schema)
+            report = validated(json.load(open(file)), schema)
             if report["wrong"]:
                 raise Broken(f"{os.path.basename(file)}: pcieipc bench reported {report['wrong']} wrong values")
             for row in report["results"]:
