@@ -1,7 +1,18 @@
 # What the scripts comparing pcieipc with OpenMPI on this host share
-# (bench-vs-mpi.sh, cold-start-vs-mpi.sh); sourced, never run. Expects
+# (bench-vs-mpi.sh, cold-start-vs-mpi.sh, latency-vs-mpi.sh); sourced, never run. Expects
 # PCIEIPC and KEEP set (empty for their defaults) and the repository root as
 # the working directory.
+
+# The tools all of them need, cargo where PCIEIPC does not name a build, and
+# PCIEIPC an executable where it does: said before anything is built or run.
+script_name=$(basename "$0" .sh)
+for tool in mpicc gcc mpirun python3 $([ -n "$PCIEIPC" ] || echo cargo); do
+    command -v "$tool" >/dev/null || { echo "$script_name: $tool is missing (see the header)" >&2; exit 1; }
+done
+if [ -n "$PCIEIPC" ] && [ ! -x "$PCIEIPC" ]; then
+    echo "$script_name: PCIEIPC=$PCIEIPC is not an executable pcieipc binary" >&2
+    exit 1
+fi
 
 # A work directory ($work), copied to KEEP however the script ends (a failing
 # run's samples are the ones worth reading), then removed.

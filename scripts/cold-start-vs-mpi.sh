@@ -38,15 +38,6 @@ for knob in REPEAT ITERS MIN_BYTES MAX_BYTES AT_MOST; do
 done
 [ "$ITERS" -ge 4 ] || { echo "cold-start-vs-mpi: ITERS=$ITERS: the steady time needs 4 calls or more" >&2; exit 1; }
 [ "$MIN_BYTES" -le "$MAX_BYTES" ] || { echo "cold-start-vs-mpi: MIN_BYTES=$MIN_BYTES is above MAX_BYTES=$MAX_BYTES" >&2; exit 1; }
-tools=(mpicc gcc mpirun python3)
-[ -n "$PCIEIPC" ] || tools+=(cargo)
-for tool in "${tools[@]}"; do
-    command -v "$tool" >/dev/null || { echo "cold-start-vs-mpi: $tool is missing (see the header)" >&2; exit 1; }
-done
-if [ -n "$PCIEIPC" ] && [ ! -x "$PCIEIPC" ]; then
-    echo "cold-start-vs-mpi: PCIEIPC=$PCIEIPC is not an executable pcieipc binary" >&2
-    exit 1
-fi
 
 source scripts/bench-mpi-common.sh
 copy_warmup="$work/copy_warmup"
