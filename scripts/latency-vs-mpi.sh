@@ -7,7 +7,8 @@
 # untimed calls. The sides alternate size by size and take turns going
 # first; the table gives each side's medians over the runs of p50, p99,
 # p99.7, the maximum and the standard deviation (scripts/bench_compare.py
-# latency). Before each round, bench/host_gaps.c measures for GAP_SECONDS
+# latency). Both sides read the clock between calls here; in
+# scripts/bench-vs-mpi.sh neither does. Before each round, bench/host_gaps.c measures for GAP_SECONDS
 # what the host takes from the ranks' CPUs (0 and 1, where both sides bind
 # their ranks): every stretch of more than 1 us the CPU was not running the
 # loop. The table's last column is the share of calls of that size such gaps
@@ -63,15 +64,6 @@ done
 [ "$FACTOR" -ge 2 ] || { echo "latency-vs-mpi: FACTOR=$FACTOR must be at least 2" >&2; exit 1; }
 [ "$MIN_BYTES" -le "$MAX_BYTES" ] || { echo "latency-vs-mpi: MIN_BYTES=$MIN_BYTES is above MAX_BYTES=$MAX_BYTES" >&2; exit 1; }
 [ "$MIN_CALLS" -le "$MAX_CALLS" ] || { echo "latency-vs-mpi: MIN_CALLS=$MIN_CALLS is above MAX_CALLS=$MAX_CALLS" >&2; exit 1; }
-tools=(mpicc gcc mpirun python3)
-[ -n "$PCIEIPC" ] || tools+=(cargo)
-for tool in "${tools[@]}"; do
-    command -v "$tool" >/dev/null || { echo "latency-vs-mpi: $tool is missing (see the header)" >&2; exit 1; }
-done
-if [ -n "$PCIEIPC" ] && [ ! -x "$PCIEIPC" ]; then
-    echo "latency-vs-mpi: PCIEIPC=$PCIEIPC is not an executable pcieipc binary" >&2
-    exit 1
-fi
 
 source scripts/bench-mpi-common.sh
 host_gaps="$work/host_gaps" handoff_floor="$work/handoff_floor"
@@ -91,7 +83,7 @@ calls_for() {
 ours_at() { # SIZE RUN
     local calls
     calls=$(calls_for "$1")
-    "$pcieipc" bench -b "$1" -e "$1" -n "$calls" -w $((calls / 10)) -c 1 --nranks 2 --json \
+    "$pcieipc" bench -b "$1" -e "$1" -n "$calls" -w $((calls / 10)) -c 1 --nranks 2 --latency --json \
         >"$work/pcieipc-$2.$1.json"
 }
 mpi_at() { # SIZE RUN

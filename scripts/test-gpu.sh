@@ -97,7 +97,7 @@ run() {
     for handoff in gpu host; do
         log "pcieipc bench --transport cuda --handoff $handoff --json, 2 ranks on GPU 0: per-call latency"
         "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff "$handoff" \
-            -b 8 -e 1M -f 32 -n 300 -w 30 -c 1 --json >"$dir/latency-$handoff.json" || failed=1
+            -b 8 -e 1M -f 32 -n 300 -w 30 -c 1 --latency --json >"$dir/latency-$handoff.json" || failed=1
         python3 - "$dir/latency-$handoff.json" <<'CHECK' || failed=1
 import json, sys
 report = json.load(open(sys.argv[1]))

@@ -207,14 +207,16 @@ pub struct Args {
     /// scheduler.
     #[arg(long, value_name = "core|none", default_value = "core", value_parser = ["core", "none"])]
     bind_to: String,
-    /// After the table, each size's per-call latency distribution (every
-    /// timed call timed on its own, the slowest rank's; on the GPU hand-off
-    /// by events between the queued calls): p50, p90, p99, p99.7, max and
-    /// standard deviation. The JSON report always has them.
+    /// Time every timed call on its own (the slowest rank's; on the GPU
+    /// hand-off by events between the queued calls) and give each size's
+    /// p50, p90, p99, p99.7, max and standard deviation: after the table, or
+    /// in the JSON report. Off, the timed calls read no clock between them,
+    /// as nccl-tests' and the OpenMPI program's do not: the reads cost tens
+    /// of nanoseconds a call, a fifth of an 8-byte call.
     #[arg(long)]
     latency: bool,
     /// Draw each size's per-call latency distribution into FILE (SVG), with
-    /// --latency-peer's beside it.
+    /// --latency-peer's beside it (times each call as --latency does).
     #[arg(long, value_name = "FILE.svg")]
     latency_plot: Option<PathBuf>,
     /// The peer's per-call times for --latency-plot: the output of
@@ -372,6 +374,11 @@ fn launch(args: &Args) -> anyhow::Result<ExitCode> {
         crate::output::eprint_line(&format!("# trace: {} ({ranks} ranks)", file.display()));
     }
     Ok(exit)
+}
+
+/// Whether each timed call is timed on its own (`--latency`, `--latency-plot`).
+fn per_call(args: &Args) -> bool {
+    args.latency || args.latency_plot.is_some()
 }
 
 /// The per-call times in `--latency-peer`'s file.
@@ -845,7 +852,7 @@ fn measure<C: Collective, T: BenchElement>(
                 }
                 wrong[0] += wrong_elements(comm, &output, expected)?;
             }
-            (timed, faults, Some(calls_us))
+            (timed, faults, per_call(args).then_some(calls_us))
         }
         _ => {
             if let Some(expected) = expected {
@@ -907,9 +914,9 @@ fn wrong_elements<C: Collective, T: BenchElement>(
 /// The warm-up calls, then the timed ones as nccl-tests times them: back to
 /// back (queued, where the communicator queues them on a stream), or one
 /// replay of them captured in a graph, then one wait. Returns their time,
-/// the minor page faults they took and, unless replayed from a graph, each
-/// call's time (µs; marking the points between calls costs a clock read on
-/// the host, an event record on a GPU stream).
+/// the minor page faults they took and, with `--latency` (not for a graph
+/// replay), each call's time (µs; marking the points between calls costs a
+/// clock read on the host, an event record on a GPU stream).
 fn back_to_back<C: Collective, T: BenchElement>(
     comm: &mut C,
     args: &Args,
@@ -934,8 +941,8 @@ fn back_to_back<C: Collective, T: BenchElement>(
         None
     };
     let mut clock = match graph {
-        Some(_) => None,
-        None => Some(comm.call_clock(args.iters)?),
+        None if per_call(args) => Some(comm.call_clock(args.iters)?),
+        _ => None,
     };
     // The ranks leave the warm-up and set up their clocks apart; a barrier,
     // as nccl-tests has before its timed loop, keeps that skew out of the
@@ -943,13 +950,19 @@ fn back_to_back<C: Collective, T: BenchElement>(
     comm.host().all_reduce_in_place(&mut [0u8], ReduceOp::Max)?;
     let faults_before = minor_page_faults()?;
     let started = Instant::now();
-    if let Some(graph) = &graph {
-        graph.launch().context("replaying the CUDA graph")?;
-    } else if let Some(clock) = &mut clock {
-        clock.mark()?;
-        for _ in 0..args.iters {
-            queue(comm, output)?;
+    match (&graph, &mut clock) {
+        (Some(graph), _) => graph.launch().context("replaying the CUDA graph")?,
+        (None, Some(clock)) => {
             clock.mark()?;
+            for _ in 0..args.iters {
+                queue(comm, output)?;
+                clock.mark()?;
+            }
+        }
+        (None, None) => {
+            for _ in 0..args.iters {
+                queue(comm, output)?;
+            }
         }
     }
     comm.wait_queued()?;

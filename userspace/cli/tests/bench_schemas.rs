@@ -45,11 +45,30 @@ fn the_sweeps_report_matches_its_schema() {
         .collect();
     assert_eq!(sizes, [8, 512, 32768]);
     assert!(report["first_call_ms"].as_f64().expect("first call") > 0.0);
+    // Without --latency the timed calls read no clock between them, and
+    // the report has no per-call distribution.
+    for row in report["results"].as_array().unwrap() {
+        for placement in ["out_of_place", "in_place"] {
+            assert!(row[placement].get("latency_us").is_none(), "{row}");
+        }
+    }
 }
 
 #[test]
 fn every_size_reports_its_per_call_distribution() {
-    let report = report(&["-b", "8", "-e", "64K", "-f", "64", "-n", "50", "-w", "1"]);
+    let report = report(&[
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "64",
+        "-n",
+        "50",
+        "-w",
+        "1",
+        "--latency",
+    ]);
     assert_valid(&report, "bench-v1.schema.json");
     for row in report["results"].as_array().expect("results") {
         for placement in ["out_of_place", "in_place"] {
