@@ -189,6 +189,13 @@ for k in "${!failures[@]}"; do
     echo "==== failed: ${failures[k]} (whole output: ${failure_logs[k]})"
     echo "---- its failure lines:"
     grep -E "panicked|FAILED|^failures:|^---- |error(\[|:)|[Ff]ailed|assert" "${failure_logs[k]}" | tail -n 30 || true
+    # A guest check's evidence is the output indented under its FAIL line
+    # (tests/guest: `check`), which the lines above keep only in part.
+    if grep -q "^FAIL: " "${failure_logs[k]}"; then
+        echo "---- its failed guest checks, whole:"
+        awk '/^FAIL: / { shown = 1; print; next } shown && /^    / { print; next } { shown = 0 }' \
+            "${failure_logs[k]}" | tail -n 80
+    fi
     echo "---- its last lines:"
     tail -n 30 "${failure_logs[k]}"
 done
