@@ -8,7 +8,8 @@
 # host memory), the Python package on CUDA tensors (python/tests_gpu: every
 # dtype × op through the torch backend, DDP against Gloo, step times), and
 # `pcieipc bench --transport cuda` with 2 and 4
-# ranks (and 2 on the GPU hand-off), results checked. Several ranks share
+# ranks (and 2 on the GPU hand-off), results checked, through host memory
+# with its measured link and each row's use of it. Several ranks share
 # GPU 0.
 #
 #   scripts/test-gpu.sh              build here, then run here (needs cargo and a GPU)
@@ -90,6 +91,26 @@ run() {
     log "pcieipc bench --transport cuda --handoff gpu --p2p off, 2 ranks on GPU 0: kernels through pinned shared host memory, results checked"
     "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu --p2p off \
         -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 || failed=1
+    # The link to host memory measured before the sweep (one GPU, both
+    # ranks on it), and every row's use of it: above nothing, and not
+    # past the limit by more than the two measurements' noise.
+    log "the same, --json: the measured link to host memory and each row's use of it"
+    "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu --p2p off \
+        -b 64K -e 256M -f 8 -n 20 -w 5 -c 1 --json >"$dir/host-link.json" || failed=1
+    python3 - "$dir/host-link.json" <<'CHECK' || failed=1
+import json, sys
+report = json.load(open(sys.argv[1]))
+links = report["host_links"]
+assert len(links) == 1 and links[0]["ranks"] == [0, 1], links
+link = links[0]
+assert 1 < link["limit_gb_s"] == min(link["both_to_gpu_gb_s"], link["both_from_gpu_gb_s"]), link
+for row in report["results"]:
+    for placement in ("out_of_place", "in_place"):
+        use = row[placement]["link_utilisation"]
+        assert 0 < use <= 1.1, f'{row["size_bytes"]} B {placement}: link use {use} of {link}'
+print(f'link to host memory: limit {link["limit_gb_s"]:.1f} GB/s, link use at 256 MiB '
+      f'{report["results"][-1]["out_of_place"]["link_utilisation"]:.2f}')
+CHECK
     # Each queued call timed by the events between them: 300 calls per size
     # and placement, the percentiles in order, and their mean the calls'
     # mean time (the report's time_us, from the host's clock over all of

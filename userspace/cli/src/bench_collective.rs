@@ -8,7 +8,9 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use pcieipc::engine::cuda::cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
-use pcieipc::engine::cuda::{CudaCommunicator, DataPath, DeviceBuffer, GpuCall, PeerRead};
+use pcieipc::engine::cuda::{
+    CudaCommunicator, DataPath, DeviceBuffer, GpuCall, HostLinks, PeerRead,
+};
 use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
 pub trait Collective {
@@ -28,6 +30,16 @@ pub trait Collective {
     /// The last call as this rank made it (its chunk size included).
     fn last_call(&self) -> Option<CallDescriptor>;
     fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm;
+    /// The job's GPU links to host memory, measured (collective), where its
+    /// calls cross them: `--transport cuda` through host memory.
+    fn host_links(&mut self) -> anyhow::Result<Option<HostLinks>> {
+        Ok(None)
+    }
+    /// The bytes an all_reduce of `count` elements moves each way across
+    /// this rank's link to host memory, where its calls cross one.
+    fn host_link_bytes<T: Element>(&self, _count: usize) -> Option<u64> {
+        None
+    }
 
     fn upload<T: Element + Default>(&mut self, host: &[T]) -> anyhow::Result<Self::Buffer<T>>;
     fn download<T: Element + Default>(
@@ -234,6 +246,15 @@ impl Collective for CudaCommunicator {
 
     fn algorithm_for<T: Element>(&self, count: usize) -> Algorithm {
         CudaCommunicator::algorithm_for::<T>(self, count)
+    }
+
+    fn host_links(&mut self) -> anyhow::Result<Option<HostLinks>> {
+        self.measure_host_links()
+            .context("measuring the GPUs' links to host memory")
+    }
+
+    fn host_link_bytes<T: Element>(&self, count: usize) -> Option<u64> {
+        CudaCommunicator::host_link_bytes::<T>(self, count)
     }
 
     fn upload<T: Element + Default>(&mut self, host: &[T]) -> anyhow::Result<DeviceBuffer<T>> {

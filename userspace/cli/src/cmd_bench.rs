@@ -9,7 +9,10 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use pcieipc::engine::cuda::{CudaCommunicator, CudaOptions, Gpu, Handoff, PeerRead, PeerToPeer};
+use pcieipc::engine::cuda::{
+    CudaCommunicator, CudaOptions, Gpu, Handoff, HostLinks, PeerRead, PeerToPeer, MEASURED_COPIES,
+    MEASURED_COPY_BYTES,
+};
 use pcieipc::engine::{
     bf16, f16, transport, AlgorithmChoice, ChunkPolicy, CommOptions, Communicator, DType, Element,
     JobSecret, LinkDevice, LinkFacts, ReduceOp, StreamingStores, TransportOptions, SECRET_ENV,
@@ -783,6 +786,9 @@ struct Measurement {
     /// Each timed call's time, the slowest rank's; `None` for a graph replay
     /// (timed whole) or no timed calls.
     latency: Option<Distribution>,
+    /// The share of its measured limit the busiest GPU link to host memory
+    /// carried (`HostLinks::utilisation`), where calls cross one.
+    link_utilisation: Option<f64>,
 }
 
 impl Measurement {
@@ -797,6 +803,9 @@ impl Measurement {
         });
         if let Some(latency) = &self.latency {
             object["latency_us"] = latency.json();
+        }
+        if let Some(utilisation) = self.link_utilisation {
+            object["link_utilisation"] = json!(utilisation);
         }
         object
     }
@@ -894,6 +903,7 @@ fn measure<C: Collective, T: BenchElement>(
         chunk_bytes,
         page_faults: page_faults[0] as u64,
         latency,
+        link_utilisation: None,
     })
 }
 
@@ -979,6 +989,48 @@ fn minor_page_faults() -> anyhow::Result<u64> {
     Ok(usage.minor_page_faults() as u64)
 }
 
+/// The header's lines on the GPUs' links to host memory: each GPU's copy
+/// rates and the limit the rows' link use is taken against.
+fn print_host_links(links: &HostLinks) {
+    for link in &links.links {
+        let rate = &link.rate;
+        let ranks: Vec<String> = link.ranks.iter().map(usize::to_string).collect();
+        println!(
+            "# link to host memory, GPU {} ({}, ranks {}): copy engines {:.1} GB/s to the GPU and {:.1} from it alone, {:.1} and {:.1} both at once: limit {:.1} GB/s each way ({} copies of {} MiB)",
+            link.ordinal,
+            link.pci_address,
+            ranks.join(" "),
+            rate.to_gpu_gb_s,
+            rate.from_gpu_gb_s,
+            rate.both_to_gpu_gb_s,
+            rate.both_from_gpu_gb_s,
+            rate.limit_gb_s(),
+            MEASURED_COPIES,
+            MEASURED_COPY_BYTES >> 20
+        );
+    }
+    println!("# link use: the bytes each call moves each way across the busiest GPU's link (every rank on it), per second, over that limit");
+}
+
+fn host_links_json(links: &HostLinks) -> serde_json::Value {
+    links
+        .links
+        .iter()
+        .map(|link| {
+            json!({
+                "gpu": link.ordinal,
+                "pci_address": link.pci_address,
+                "ranks": link.ranks,
+                "to_gpu_gb_s": link.rate.to_gpu_gb_s,
+                "from_gpu_gb_s": link.rate.from_gpu_gb_s,
+                "both_to_gpu_gb_s": link.rate.both_to_gpu_gb_s,
+                "both_from_gpu_gb_s": link.rate.both_from_gpu_gb_s,
+                "limit_gb_s": link.rate.limit_gb_s(),
+            })
+        })
+        .collect()
+}
+
 fn sizes(args: &Args, element_bytes: usize) -> Vec<usize> {
     let mut sizes = Vec::new();
     let mut size = args.min_bytes;
@@ -1032,10 +1084,22 @@ fn sweep<C: Collective, T: BenchElement>(
             args.chunk_bytes
                 .map_or_else(|| comm.default_chunks(), |bytes| format!("{bytes} B"))
         );
+    }
+    // Measured before any size, with nothing else on the GPUs: every
+    // row's link utilisation is taken against it.
+    let host_links = comm.host_links()?;
+    if leader && !args.json {
+        if let Some(links) = &host_links {
+            print_host_links(links);
+        }
+        let (links_over, links_title, links_unit) = match &host_links {
+            Some(_) => ("       link use", "    oop    ip", "   (of limit)"),
+            None => ("", "", ""),
+        };
         println!("#");
-        println!("#                                                              out-of-place                       in-place          ");
-        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     chunk");
-        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)              (B)");
+        println!("#                                                              out-of-place                       in-place          {links_over}");
+        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong     chunk{links_title}");
+        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)              (B){links_unit}");
     }
     // On stderr, and hidden where stderr is not a terminal (or TERM is
     // unset or dumb): indicatif's stderr target, so that stdout, the table,
@@ -1064,8 +1128,13 @@ fn sweep<C: Collective, T: BenchElement>(
         // The step in the message: the bar's position counts finished sizes.
         progress.set_message(format!("size {}/{}: {bytes} B", step + 1, sizes.len()));
         let reference = (args.check != 0).then(|| expected::<T>(nranks, count, args.op));
-        let out_of_place = measure::<C, T>(comm, args, count, false, reference.as_deref())?;
-        let in_place = measure::<C, T>(comm, args, count, true, reference.as_deref())?;
+        let mut out_of_place = measure::<C, T>(comm, args, count, false, reference.as_deref())?;
+        let mut in_place = measure::<C, T>(comm, args, count, true, reference.as_deref())?;
+        if let (Some(links), Some(moved)) = (&host_links, comm.host_link_bytes::<T>(count)) {
+            for measured in [&mut out_of_place, &mut in_place] {
+                measured.link_utilisation = Some(links.utilisation(moved, measured.time_us / 1e6));
+            }
+        }
         total_wrong += out_of_place.wrong + in_place.wrong;
         if out_of_place.page_faults + in_place.page_faults > 0 {
             faulting.push(format!(
@@ -1076,8 +1145,14 @@ fn sweep<C: Collective, T: BenchElement>(
         busbw_sum += out_of_place.busbw_gb_s + in_place.busbw_gb_s;
         if leader && !args.json {
             progress.suspend(|| {
+                let link_use = match (out_of_place.link_utilisation, in_place.link_utilisation) {
+                    (Some(out_of_place), Some(in_place)) => {
+                        format!("  {out_of_place:>5.2} {in_place:>5.2}")
+                    }
+                    _ => String::new(),
+                };
                 println!(
-                    "{bytes:>12}  {count:>12}  {dtype:>8}  {op:>6}  {:>6}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>8}",
+                    "{bytes:>12}  {count:>12}  {dtype:>8}  {op:>6}  {:>6}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}  {:>8}{link_use}",
                     -1,
                     out_of_place.time_us,
                     out_of_place.algbw_gb_s,
@@ -1123,7 +1198,7 @@ fn sweep<C: Collective, T: BenchElement>(
     let avg_busbw = busbw_sum / (2 * sizes.len()) as f64;
     if leader {
         if args.json {
-            let report = json!({
+            let mut report = json!({
                 "schema_version": 1,
                 "collective": "all_reduce",
                 "nranks": nranks,
@@ -1140,6 +1215,9 @@ fn sweep<C: Collective, T: BenchElement>(
                 "wrong": total_wrong,
                 "avg_busbw_gb_s": avg_busbw,
             });
+            if let Some(links) = &host_links {
+                report["host_links"] = host_links_json(links);
+            }
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             println!(

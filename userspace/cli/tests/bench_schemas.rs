@@ -46,12 +46,59 @@ fn the_sweeps_report_matches_its_schema() {
     assert_eq!(sizes, [8, 512, 32768]);
     assert!(report["first_call_ms"].as_f64().expect("first call") > 0.0);
     // Without --latency the timed calls read no clock between them, and
-    // the report has no per-call distribution.
+    // the report has no per-call distribution; a host transport crosses no
+    // GPU link to host memory.
+    assert!(report.get("host_links").is_none(), "{report}");
     for row in report["results"].as_array().unwrap() {
         for placement in ["out_of_place", "in_place"] {
             assert!(row[placement].get("latency_us").is_none(), "{row}");
+            assert!(row[placement].get("link_utilisation").is_none(), "{row}");
         }
     }
+}
+
+/// The fields `--transport cuda` through host memory adds (a GPU's measured
+/// link, each row's use of it), on this host's report: the schema takes
+/// them as the bench writes them and refuses them malformed.
+#[test]
+fn the_link_to_host_memory_fields_match_the_schema() {
+    let mut report = report(&["-b", "8", "-e", "8", "-n", "2", "-w", "1"]);
+    report["host_links"] = serde_json::json!([{
+        "gpu": 0,
+        "pci_address": "0000:18:00.0",
+        "ranks": [0, 1],
+        "to_gpu_gb_s": 55.1,
+        "from_gpu_gb_s": 54.8,
+        "both_to_gpu_gb_s": 50.2,
+        "both_from_gpu_gb_s": 49.9,
+        "limit_gb_s": 49.9,
+    }]);
+    for placement in ["out_of_place", "in_place"] {
+        report["results"][0][placement]["link_utilisation"] = serde_json::json!(0.83);
+    }
+    assert_valid(&report, "bench-v1.schema.json");
+    let schema = std::fs::read_to_string(format!(
+        "{}/../../docs/schemas/bench-v1.schema.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let validator =
+        jsonschema::validator_for(&serde_json::from_str(&schema).unwrap()).expect("a valid schema");
+    for (field, bad) in [
+        ("pci_address", serde_json::json!("18:00.0")),
+        ("ranks", serde_json::json!([])),
+        ("limit_gb_s", serde_json::json!(-1.0)),
+    ] {
+        let mut broken = report.clone();
+        broken["host_links"][0][field] = bad;
+        assert!(!validator.is_valid(&broken), "{field} accepted: {broken}");
+    }
+    let mut unlimited = report.clone();
+    unlimited["host_links"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("limit_gb_s");
+    assert!(!validator.is_valid(&unlimited));
 }
 
 #[test]

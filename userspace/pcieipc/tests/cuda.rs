@@ -4,7 +4,8 @@
 //! memory; the same for the GPU hand-off (forced: ranks on one GPU would
 //! otherwise hand over on the host), with stream-ordered calls and CUDA
 //! graph replay, through device memory and (peer-to-peer off) through
-//! pinned shared host memory. Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
+//! pinned shared host memory, whose GPU links the copy engines measure.
+//! Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
 //! how many GPUs to spread them over.
 //! Built only with `--features gpu-tests`; run by `make test-gpu`.
 
@@ -925,6 +926,81 @@ fn host_memory_handoff_every_dtype_and_op_with_2_ranks() {
         2,
         LIMIT,
         every_dtype_and_op_through_host_memory,
+    );
+}
+
+/// Every rank of a job through host memory gets the same list of its GPUs'
+/// links, each measured once (by its lowest rank), with rates a PCIe link
+/// carries, both directions at once no faster than each alone; the peer-to-
+/// peer path measures nothing. What an all_reduce moves each way: the
+/// message once on the two-shot kernel of 2 ranks.
+fn host_links_measured(role: Role) {
+    let mut comm = join_handed_off(&role, "links", host_memory_options(AlgorithmChoice::Auto));
+    let links = comm
+        .measure_host_links()
+        .expect("measuring the links")
+        .expect("through host memory, the links are measured");
+    let expected_ranks: Vec<usize> = (0..role.nranks).filter(|&r| gpu_of(r) == 0).collect();
+    assert_eq!(links.links[0].ranks, expected_ranks, "{links:?}");
+    assert_eq!(
+        links
+            .links
+            .iter()
+            .map(|link| link.ranks.len())
+            .sum::<usize>(),
+        role.nranks,
+        "{links:?}"
+    );
+    for link in &links.links {
+        let rate = link.rate;
+        // Gen3 x4 moves about 3.5 GB/s, Gen6 x16 about 110.
+        for alone in [rate.to_gpu_gb_s, rate.from_gpu_gb_s] {
+            assert!((1.0..150.0).contains(&alone), "{link:?}");
+        }
+        assert!(rate.both_to_gpu_gb_s <= rate.to_gpu_gb_s * 1.1, "{link:?}");
+        assert!(
+            rate.both_from_gpu_gb_s <= rate.from_gpu_gb_s * 1.1,
+            "{link:?}"
+        );
+        assert!(rate.limit_gb_s() > 0.5, "{link:?}");
+        assert!(link.pci_address.ends_with(".0"), "{link:?}");
+    }
+    // Every rank reads the same list: the lowest rank's view, gathered.
+    let mut words: Vec<f64> = links
+        .links
+        .iter()
+        .map(|link| link.rate.limit_gb_s())
+        .collect();
+    let mine = words.clone();
+    comm.control()
+        .all_reduce_in_place(&mut words, ReduceOp::Max)
+        .unwrap();
+    assert_eq!(
+        words, mine,
+        "rank {} read other links than rank 0",
+        role.rank
+    );
+    let bytes = 4 << 20;
+    assert_eq!(comm.algorithm_for::<f32>(bytes / 4), Algorithm::Direct);
+    assert_eq!(
+        comm.host_link_bytes::<f32>(bytes / 4),
+        Some(bytes as u64 * 2 * (role.nranks as u64 - 1) / role.nranks as u64)
+    );
+    drop(comm);
+    let mut peer_to_peer = join(&role, "links-p2p", options(AlgorithmChoice::Auto));
+    if *peer_to_peer.data_path() == DataPath::PeerToPeer {
+        assert!(peer_to_peer.measure_host_links().unwrap().is_none());
+        assert_eq!(peer_to_peer.host_link_bytes::<f32>(1024), None);
+    }
+}
+
+#[test]
+fn host_links_are_measured_once_a_gpu_and_shared_with_2_ranks() {
+    run_ranks(
+        "host_links_are_measured_once_a_gpu_and_shared_with_2_ranks",
+        2,
+        LIMIT,
+        host_links_measured,
     );
 }
 

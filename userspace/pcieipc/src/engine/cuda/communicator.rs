@@ -24,6 +24,7 @@ use super::error::{on_rank, CudaError};
 use super::gpu::Gpu;
 use super::gpu_handoff::GpuHandoff;
 use super::host_handoff::HostHandoff;
+use super::host_link::{self, HostLinks};
 use super::memory::DeviceBuffer;
 use super::options::{DataPath, PeerRead};
 use super::registration::Registrations;
@@ -168,6 +169,30 @@ impl CudaCommunicator {
     /// device ones (timings, checks).
     pub fn control(&mut self) -> &mut Communicator {
         &mut self.control
+    }
+
+    /// Measures the link to host memory of every GPU of the job with the
+    /// copy engines (`host_link::measure`, one GPU at a time), where calls go
+    /// through host memory: the limit their link utilisation is taken
+    /// against. `None` on the peer-to-peer path. Collective; nothing else
+    /// should use the GPUs meanwhile (about 0.1 s a GPU).
+    pub fn measure_host_links(&mut self) -> Result<Option<HostLinks>, EngineError> {
+        if self.path == DataPath::PeerToPeer {
+            return Ok(None);
+        }
+        host_link::measure_job(&self.gpu, &mut self.control).map(Some)
+    }
+
+    /// The bytes an all_reduce of `count` elements of `T` moves each way
+    /// across this rank's GPU's link to host memory (for
+    /// [`HostLinks::utilisation`]); `None` on the peer-to-peer path.
+    pub fn host_link_bytes<T: Element>(&self, count: usize) -> Option<u64> {
+        host_link::all_reduce_bytes_per_direction(
+            &self.path,
+            self.algorithm_for::<T>(count),
+            self.nranks,
+            count * std::mem::size_of::<T>(),
+        )
     }
 
     /// The algorithm an all_reduce of `count` elements of `T` takes.

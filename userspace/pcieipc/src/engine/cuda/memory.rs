@@ -80,6 +80,54 @@ impl Drop for HostRegistration {
     }
 }
 
+/// Host memory of this process's own, pinned (cuMemHostAlloc) so that the
+/// GPU's copy engines move it at the link's rate; freed when dropped.
+pub(crate) struct PinnedHost {
+    gpu: Arc<Gpu>,
+    host: NonNull<u8>,
+    bytes: usize,
+}
+
+impl PinnedHost {
+    /// `bytes` (more than 0) of pinned host memory, contents unset.
+    pub(crate) fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<PinnedHost, CudaError> {
+        gpu.bind()?;
+        // SAFETY: allocates; the memory is only ever handed to copies as
+        // bytes, never read as a typed value.
+        let host = unsafe { result::malloc_host(bytes, 0) }
+            .map_err(gpu.driver("allocating pinned host memory"))?;
+        let host = NonNull::new(host.cast::<u8>()).ok_or(CudaError::Driver {
+            ordinal: gpu.ordinal(),
+            what: "allocating pinned host memory",
+            source: cudarc::driver::DriverError(sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY),
+        })?;
+        Ok(PinnedHost {
+            gpu: gpu.clone(),
+            host,
+            bytes,
+        })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.host.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // Copies queued on any stream may still use it: drain them first.
+            let _ = self.gpu.synchronize();
+            // SAFETY: allocated by malloc_host in `new`, freed once.
+            let _ = unsafe { result::free_host(self.host.as_ptr().cast()) };
+        }
+    }
+}
+
 /// A block of device memory from cuMemAlloc, freed when the last holder
 /// drops it: its buffer, and a registration that peers map (so a buffer
 /// dropped while registered stays allocated, and its address cannot be

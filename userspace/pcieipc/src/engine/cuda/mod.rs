@@ -10,7 +10,8 @@
 //! - `error`, `kernels` (the NVRTC-compiled CUDA C of `kernels/*.cu`),
 //!   `gpu` (a context, its stream and kernels), `memory`, `ipc`,
 //!   `tracing`, `options`, `call` (`GpuCall`, one call's description),
-//!   `agreement` (steps every rank must agree on);
+//!   `agreement` (steps every rank must agree on), `host_link` (the
+//!   measured limit of a GPU's link to host memory);
 //! - `staging` and `registration`: the memory peers read;
 //! - `host_handoff` and `gpu_handoff`: the two ways ranks hand over;
 //! - `communicator` (the façade: the public API) and `init`.
@@ -22,6 +23,7 @@ mod error;
 mod gpu;
 mod gpu_handoff;
 mod host_handoff;
+mod host_link;
 mod init;
 mod ipc;
 mod kernel_store;
@@ -42,5 +44,6 @@ pub use cudarc;
 pub use cudarc::driver::CudaStream;
 pub use error::{CudaError, BACKEND};
 pub use gpu::Gpu;
+pub use host_link::{HostLink, HostLinkRate, HostLinks, MEASURED_COPIES, MEASURED_COPY_BYTES};
 pub use memory::DeviceBuffer;
 pub use options::{CudaOptions, DataPath, Handoff, PeerRead, PeerToPeer};
