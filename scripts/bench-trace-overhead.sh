@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What tracing costs: `pcieipc bench` (shm, 2 ranks) of a build without the
-# tracing code (BASELINE=<its pcieipc>), this build with tracing off, and
+# tracing code, or the build before a change to it (BASELINE=<its
+# pcieipc>; the table's "no tracing code" column), this build with tracing off, and
 # this build with `--trace`, alternating in one run, REPEAT rounds (default
 # 5); prints the median busbw (GB/s) per size, and the 8-byte time (µs),
 # and each build's speed against the one without tracing code.

@@ -26,7 +26,7 @@ ivs2=$(bdf_of 2)
 removed_mid_sweep() {
     act_mid_sweep "$1" 262144 "host unplug $2" --transport pcieipc --nranks 3 --chunk-bytes 64K \
         -b 256K -e 1M -f 2 -n 300 -w 1 -c 2 && rc=0 || rc=$?
-    echo "$2 ($3): the job exited with $rc, $ACTED_MS ms after the unplug request" | tee -a /tmp/removals
+    echo "$2 ($3): the job exited with $rc, $ACTED_MS ms after the unplug request (the request took $ACTION_MS ms)" | tee -a /tmp/removals
     [ "$rc" != 0 ] && [ "$rc" != 99 ] && [ "$ACTED_MS" -lt 20000 ] &&
         every_rank_named "$1" 3 "rank [0-2]: device $3 was removed (DEVICE_GONE"
 }
@@ -61,7 +61,7 @@ ivs3=$(bdf_of 3)
 given_up() {
     act_mid_sweep /tmp/given-up.out 262144 "inject rp3 MALF_TLP" --transport pcieipc --nranks 2 \
         --chunk-bytes 64K -b 256K -e 1M -f 2 -n 300 -w 1 -c 2 && rc=0 || rc=$?
-    echo "MALF_TLP on rp3: the job exited with $rc, $ACTED_MS ms after the injection" | tee -a /tmp/removals
+    echo "MALF_TLP on rp3: the job exited with $rc, $ACTED_MS ms after the injection (its request took $ACTION_MS ms)" | tee -a /tmp/removals
     [ "$rc" != 0 ] && [ "$rc" != 99 ] && [ "$ACTED_MS" -lt 20000 ] &&
         every_rank_named /tmp/given-up.out 2 \
             "rank 1: device $ivs3 reported .*Malformed TLP \[18\] fatal.*; the kernel's recovery: failed (permanent failure)"

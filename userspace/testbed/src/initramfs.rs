@@ -108,8 +108,9 @@ check() {
 # BENCH-ARG...` in the background into OUT, runs the command line ACTION once
 # the sweep's row of ROW bytes is out, waits for the job and prints OUT.
 # Returns the job's exit status (99 if ACTION failed, after the job);
-# ACTED_MS is how long the job ran on after ACTION began (to the 10 ms
-# /proc/uptime gives: busybox's date has no sub-second format).
+# ACTED_MS is how long the job ran on after ACTION began, ACTION_MS how long
+# ACTION itself took (a request to the host included), both to the 10 ms
+# /proc/uptime gives (busybox's date has no sub-second format).
 act_mid_sweep() {
     sweep_out="$1"; row="$2"; action="$3"; shift 3
     pcieipc bench "$@" > "$sweep_out" 2>&1 &
@@ -117,6 +118,7 @@ act_mid_sweep() {
     for i in $(seq 600); do grep -q "^ *$row " "$sweep_out" && break; sleep 0.1; done
     acted=$(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime)
     sh -c "$action"; taken=$?
+    ACTION_MS=$(( $(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime) - acted ))
     wait $bench; rc=$?
     [ "$taken" = 0 ] || rc=99
     ACTED_MS=$(( $(awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime) - acted ))

@@ -117,7 +117,7 @@ impl FaultMonitor {
                     "link change",
                     "link",
                     monotonic_ns(),
-                    vec![("link", Arg::Owned(format!("{link:?}")))],
+                    [("link", Arg::Owned(format!("{link:?}")))],
                 );
             }
             transport.publish_link(Some(link));
@@ -185,7 +185,7 @@ impl FaultMonitor {
                 "fault",
                 "link",
                 monotonic_ns(),
-                vec![("fault", Arg::Owned(record.to_string()))],
+                [("fault", Arg::Owned(record.to_string()))],
             );
         }
         // The module and the kernel's trace name functions in PCI address

@@ -10,11 +10,13 @@
 //! (`ktime_get`), so the ranks' tracks line up without any alignment step.
 //!
 //! `record` holds what a rank collects and writes (`<prefix>.rank<R>.json`,
-//! a complete trace on its own); `chrome` merges rank files and summarises
+//! a complete trace on its own), in `storage`'s chunks faulted in ahead;
+//! `chrome` merges rank files and summarises
 //! a trace, and `svg` draws one, pure functions over JSON text.
 
 pub mod chrome;
 mod record;
+mod storage;
 
 pub use chrome::{merge, summarise, Summary, TraceError};
 pub(crate) use record::{Arg, Recorder};

@@ -24,7 +24,7 @@ pub(super) fn trace_step(
             name,
             "step",
             start,
-            vec![
+            [
                 ("step", Arg::Int(k as i64)),
                 ("chunk", Arg::Int(chunk as i64)),
                 ("bytes", Arg::Int(bytes as i64)),

@@ -138,7 +138,7 @@ impl Communicator {
         )?;
         peers.joining = false;
         if let Some(trace) = &peers.trace {
-            trace.span("init", "init", started_ns, Vec::new());
+            trace.span("init", "init", started_ns, []);
         }
         Ok(Communicator {
             peers,

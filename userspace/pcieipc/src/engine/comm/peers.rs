@@ -158,9 +158,9 @@ impl Peers {
             let call = self.agreement.current();
             // The peers this call woke, at the times the stores woke them.
             for at in self.transport.take_wakes() {
-                trace.instant(self.transport.kind().wake_name, "wake", at, Vec::new());
+                trace.instant(self.transport.kind().wake_name, "wake", at, []);
             }
-            let mut args = vec![
+            let args = [
                 ("call", Arg::Int(self.agreement.calls() as i64)),
                 ("dtype", Arg::Text(call.dtype.name())),
                 ("count", Arg::Int(call.count as i64)),
@@ -168,10 +168,8 @@ impl Peers {
                 ("chunk_bytes", Arg::Int(i64::from(call.chunk_bytes))),
                 ("ok", Arg::Int(i64::from(result.is_ok()))),
             ];
-            if let Some(fill) = fill {
-                args.push(("slot_fill", Arg::Text(fill.name())));
-            }
-            trace.end_call(call.kind.name(), args);
+            let fill = fill.map(|fill| ("slot_fill", Arg::Text(fill.name())));
+            trace.end_call(call.kind.name(), args.into_iter().chain(fill));
         }
         // Where the data lives in a device's memory, a call that read
         // through a window of a device that went away meanwhile read the
@@ -321,10 +319,10 @@ impl Peers {
                 "wait",
                 "wait",
                 start,
-                vec![
+                [
                     ("peer", Arg::Int(peer as i64)),
                     ("owner", Arg::Int(owner as i64)),
-                    ("signal", Arg::Owned(format!("{signal:?}"))),
+                    ("signal", Arg::Text(signal.name())),
                     ("target", Arg::Int(i64::from(target))),
                 ],
             );
@@ -468,7 +466,7 @@ impl Peers {
             let slept_from = self.trace.as_ref().map(|_| monotonic_ns());
             transport.sleep(owner, signal, value, LIVENESS_SLICE.min(timeout - waited));
             if let (Some(trace), Some(start)) = (&self.trace, slept_from) {
-                trace.span(transport.kind().sleep_name, "sleep", start, Vec::new());
+                trace.span(transport.kind().sleep_name, "sleep", start, []);
             }
         };
         self.transport.set_blocked_on(None);

@@ -58,6 +58,24 @@ pub enum Signal {
     Resent = 9,
 }
 
+impl Signal {
+    /// The counter's name, as its variant reads (for traces).
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::RawPosted => "RawPosted",
+            Signal::RawConsumed => "RawConsumed",
+            Signal::RelayPosted => "RelayPosted",
+            Signal::RelayConsumed => "RelayConsumed",
+            Signal::OneShotPosted => "OneShotPosted",
+            Signal::CallsPublished => "CallsPublished",
+            Signal::Probed => "Probed",
+            Signal::ResendWanted => "ResendWanted",
+            Signal::ResendRequests => "ResendRequests",
+            Signal::Resent => "Resent",
+        }
+    }
+}
+
 pub(crate) const SIGNALS: [Signal; 10] = [
     Signal::RawPosted,
     Signal::RawConsumed,

@@ -28,7 +28,7 @@ impl Meeting<'_> {
         let traced_from = self.control.trace().map(|_| monotonic_ns());
         let outcome = self.gpu.finish_after_polling(self.poll);
         if let (Some(trace), Some(start)) = (self.control.trace(), traced_from) {
-            trace.span("GPU event", "wait", start, Vec::new());
+            trace.span("GPU event", "wait", start, []);
         }
         outcome
     }
