@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use pcieipc::trace::chrome::{events, TraceError};
+use pcieipc::trace::{events, TraceError};
 
 /// The rows of a rank's band, top to bottom, with their colours.
 const ROWS: [(&str, &str); 6] = [

@@ -6,23 +6,8 @@ use std::fmt;
 
 use serde_json::{json, Value};
 
-#[derive(Debug, thiserror::Error)]
-pub enum TraceError {
-    #[error("not JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("no \"traceEvents\" array at the top")]
-    NoEvents,
-    #[error("event {index}: {what}")]
-    BadEvent { index: usize, what: &'static str },
-}
-
-pub fn events(text: &str) -> Result<Vec<Value>, TraceError> {
-    let mut trace: Value = serde_json::from_str(text)?;
-    match trace.get_mut("traceEvents").map(Value::take) {
-        Some(Value::Array(events)) => Ok(events),
-        _ => Err(TraceError::NoEvents),
-    }
-}
+use super::span::{events, spans, TraceError};
+use super::tail::{tail, Tail};
 
 /// One trace of every rank's file, each keeping its own process track.
 pub fn merge(rank_files: &[String]) -> Result<String, TraceError> {
@@ -33,67 +18,6 @@ pub fn merge(rank_files: &[String]) -> Result<String, TraceError> {
     Ok(serde_json::to_string(
         &json!({"traceEvents": all, "displayTimeUnit": "ns"}),
     )?)
-}
-
-/// A complete event (`ph: "X"`) as the summary reads it.
-struct Span {
-    pid: u64,
-    name: String,
-    category: String,
-    start: f64,
-    duration: f64,
-    args: Value,
-}
-
-impl Span {
-    fn end(&self) -> f64 {
-        self.start + self.duration
-    }
-
-    fn contains(&self, other: &Span) -> bool {
-        self.pid == other.pid && self.start <= other.start && other.end() <= self.end()
-    }
-
-    fn peer(&self) -> Option<i64> {
-        self.args.get("peer").and_then(Value::as_i64)
-    }
-}
-
-fn spans(events: &[Value]) -> Result<Vec<Span>, TraceError> {
-    let mut spans = Vec::new();
-    for (index, event) in events.iter().enumerate() {
-        if event.get("ph").and_then(Value::as_str) != Some("X") {
-            continue;
-        }
-        let bad = |what| TraceError::BadEvent { index, what };
-        spans.push(Span {
-            pid: event
-                .get("pid")
-                .and_then(Value::as_u64)
-                .ok_or(bad("no pid"))?,
-            name: event
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or(bad("no name"))?
-                .to_owned(),
-            category: event
-                .get("cat")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            start: event
-                .get("ts")
-                .and_then(Value::as_f64)
-                .ok_or(bad("no ts"))?,
-            duration: event
-                .get("dur")
-                .and_then(Value::as_f64)
-                .filter(|duration| *duration >= 0.0)
-                .ok_or(bad("no dur, or a negative one"))?,
-            args: event.get("args").cloned().unwrap_or(Value::Null),
-        });
-    }
-    Ok(spans)
 }
 
 /// One rank's time, in microseconds.
@@ -127,10 +51,12 @@ pub struct SlowestStep {
 pub struct Summary {
     pub ranks: Vec<RankSummary>,
     pub slowest_step: Option<SlowestStep>,
+    /// The calls at or above p99.7 and what each went to (`tail`).
+    pub tail: Option<Tail>,
 }
 
-/// Time per phase and waits per rank, and the slowest step with who it
-/// waited on.
+/// Time per phase and waits per rank, the slowest step with who it
+/// waited on, and the tail of the calls with what each went to.
 pub fn summarise(text: &str) -> Result<Summary, TraceError> {
     let spans = spans(&events(text)?)?;
     let mut ranks: BTreeMap<u64, RankSummary> = BTreeMap::new();
@@ -182,6 +108,7 @@ pub fn summarise(text: &str) -> Result<Summary, TraceError> {
     Ok(Summary {
         ranks: ranks.into_values().collect(),
         slowest_step,
+        tail: tail(&spans),
     })
 }
 
@@ -223,14 +150,37 @@ impl fmt::Display for Summary {
                     step.rank, step.name, step.duration_us, step.args
                 )?;
                 match step.waited_on {
-                    Some((peer, us)) => writeln!(f, ", of which {us:.1} µs waiting on rank {peer}"),
-                    None => writeln!(f, ", no wait inside"),
+                    Some((peer, us)) => {
+                        writeln!(f, ", of which {us:.1} µs waiting on rank {peer}")?
+                    }
+                    None => writeln!(f, ", no wait inside")?,
                 }
             }
-            None => writeln!(f, "no steps recorded"),
+            None => writeln!(f, "no steps recorded")?,
         }
+        if let Some(tail) = &self.tail {
+            writeln!(
+                f,
+                "calls: {}, median {:.2} µs, p99.7 {:.2} µs (each the slowest rank's); the {} at or above p99.7:",
+                tail.calls,
+                tail.median_us,
+                tail.p99_7_us,
+                tail.slowest.len()
+            )?;
+            for (cause, count) in tail.causes() {
+                writeln!(f, "  {count:>5}  {}", cause.name())?;
+            }
+            // The slowest few in full.
+            for call in tail.slowest.iter().take(SLOWEST_SHOWN) {
+                writeln!(f, "  {call}")?;
+            }
+        }
+        Ok(())
     }
 }
+
+/// How many of the tail's calls the summary shows one by one.
+const SLOWEST_SHOWN: usize = 5;
 
 #[cfg(test)]
 mod tests {

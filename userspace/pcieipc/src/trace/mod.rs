@@ -16,10 +16,14 @@
 
 pub mod chrome;
 mod record;
+mod span;
 mod storage;
+mod tail;
 
-pub use chrome::{merge, summarise, Summary, TraceError};
+pub use chrome::{merge, summarise, Summary};
 pub(crate) use record::{Arg, Recorder};
+pub use span::{events, TraceError};
+pub use tail::{CallTime, Cause, Tail};
 
 /// Names the file prefix every rank of a traced job writes to.
 pub const TRACE_ENV: &str = "PCIEIPC_TRACE";
