@@ -220,10 +220,11 @@ impl Collective for CudaCommunicator {
             }
             DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
         };
-        let handoff = if self.hands_off_on_gpu() {
-            "hand-off on the GPU (calls queued on a stream)"
-        } else {
-            "hand-off on the host after every step"
+        let handoff = match self.handoff_blocks() {
+            Some(blocks) => {
+                format!("hand-off on the GPU (calls queued on a stream, {blocks} blocks a launch)")
+            }
+            None => "hand-off on the host after every step".to_owned(),
         };
         format!(
             "transport cuda, GPU {}, {path}, {handoff}, context {:.1} ms (not in init)",

@@ -164,6 +164,12 @@ pub struct Args {
     /// MiB / N.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     handoff_window: Option<usize>,
+    /// With --transport cuda on the GPU hand-off: the most thread blocks a
+    /// launch takes, the multiprocessors its kernels hold while they wait
+    /// for peers (fewer leave more to the job's own kernels). Default: one
+    /// a multiprocessor, up to 64.
+    #[arg(long, value_name = "1..64", value_parser = clap::value_parser!(u32).range(1..=64))]
+    handoff_blocks: Option<u32>,
     /// With --transport cuda on the GPU hand-off: capture the timed calls in
     /// a CUDA graph and time one replay of it (nccl-tests' -G).
     #[arg(short = 'G', long)]
@@ -529,6 +535,7 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                         _ => Handoff::Auto,
                     },
                     handoff_window: args.handoff_window,
+                    handoff_blocks: args.handoff_blocks,
                     ..defaults
                 },
             )

@@ -929,6 +929,40 @@ fn host_memory_handoff_every_dtype_and_op_with_2_ranks() {
     );
 }
 
+/// A grid asked for (`handoff_blocks`) holds for every rank at its
+/// smallest: rank 0 asks for 2 blocks, the others for 5. With 2 blocks a
+/// launch, through device and through host memory, calls one-shot and
+/// direct (a block then carries many vectors) are exact, in and out of
+/// place.
+fn a_smaller_grid_is_agreed_and_exact(role: Role) {
+    let asked = if role.rank == 0 { 2 } else { 5 };
+    for options in [handoff_options, host_memory_options] {
+        let mut comm = join_handed_off(
+            &role,
+            "grid",
+            CudaOptions {
+                handoff_blocks: Some(asked),
+                ..options(AlgorithmChoice::Auto)
+            },
+        );
+        assert_eq!(comm.handoff_blocks(), Some(2), "rank {}", role.rank);
+        for count in [1, 5, 7919, (1 << 20) + 3, (33 << 20) / 4] {
+            check_dtype(&mut comm, DType::F32, count, ReduceOp::Sum).unwrap();
+        }
+        check_dtype(&mut comm, DType::Bf16, 4099, ReduceOp::Max).unwrap();
+    }
+}
+
+#[test]
+fn a_smaller_grid_is_agreed_and_exact_with_2_ranks() {
+    run_ranks(
+        "a_smaller_grid_is_agreed_and_exact_with_2_ranks",
+        2,
+        LIMIT,
+        a_smaller_grid_is_agreed_and_exact,
+    );
+}
+
 /// Every rank of a job through host memory gets the same list of its GPUs'
 /// links, each measured once (by its lowest rank), with rates a PCIe link
 /// carries, both directions at once no faster than each alone; the peer-to-

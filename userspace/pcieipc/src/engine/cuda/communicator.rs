@@ -146,6 +146,12 @@ impl CudaCommunicator {
         self.gpu_handoff.as_ref().map(GpuHandoff::window)
     }
 
+    /// The thread blocks of each GPU hand-off launch (the smallest grid any
+    /// rank proposed), `None` on the host hand-off.
+    pub fn handoff_blocks(&self) -> Option<u32> {
+        self.gpu_handoff.as_ref().map(GpuHandoff::blocks)
+    }
+
     /// The last call's descriptor (chunk_bytes 0 on the one-shot path,
     /// as on the host communicator).
     pub fn last_call(&self) -> Option<CallDescriptor> {

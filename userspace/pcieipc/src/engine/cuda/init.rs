@@ -172,10 +172,16 @@ impl CudaCommunicator {
         // and (unless forced) a GPU per rank: ranks sharing one are
         // time-sliced, and each hand-off would wait for a slice. Every rank
         // learns the same facts, so all choose alike. The grid is the
-        // smallest any rank proposes: every rank's must be resident at once.
+        // smallest any rank proposes (at most its multiprocessors, and its
+        // `handoff_blocks`): every rank's must be resident at once.
         let mut facts = vec![0i64; 2 * nranks];
         let address = gpu.pci_address().map_err(&err)?;
-        let proposed = i64::from(GpuHandoff::proposed_blocks(&gpu));
+        let proposed = i64::from(
+            options
+                .handoff_blocks
+                .map_or(u32::MAX, |blocks| blocks.max(1))
+                .min(GpuHandoff::proposed_blocks(&gpu)),
+        );
         control.all_gather(&[address, proposed], &mut facts)?;
         let distinct = {
             let mut addresses: Vec<i64> = facts.iter().step_by(2).copied().collect();

@@ -71,6 +71,14 @@ pub struct CudaOptions {
     /// GPU hand-off: how long a kernel waits for a peer's flag before it
     /// fails the call (and the communicator) naming that peer.
     pub handoff_timeout: Duration,
+    /// GPU hand-off: the most thread blocks a launch takes (1 to 64), the
+    /// multiprocessors its kernels hold while they spin on their peers'
+    /// flags, as NCCL's channels do: fewer leave more of the GPU to the
+    /// job's own kernels running beside the calls, and make fewer flags
+    /// cross the link per call. `None`: one a multiprocessor, up to 64. The
+    /// smallest any rank asks for holds (every rank's launches must be
+    /// resident together).
+    pub handoff_blocks: Option<u32>,
 }
 
 impl Default for CudaOptions {
@@ -86,6 +94,7 @@ impl Default for CudaOptions {
             handoff: Handoff::Auto,
             handoff_window: None,
             handoff_timeout: Duration::from_secs(10),
+            handoff_blocks: None,
         }
     }
 }

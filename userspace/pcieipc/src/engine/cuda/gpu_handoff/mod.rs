@@ -165,6 +165,11 @@ impl GpuHandoff {
         self.window
     }
 
+    /// The thread blocks of every launch.
+    pub(super) fn blocks(&self) -> u32 {
+        self.blocks
+    }
+
     /// The last call's descriptor.
     pub(super) fn last_call(&self) -> Option<CallDescriptor> {
         self.last_call
