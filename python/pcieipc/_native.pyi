@@ -94,6 +94,7 @@ class CudaCommunicator:
         handoff: str = "auto",
         p2p: str = "auto",
         handoff_timeout: float = 10.0,
+        handoff_blocks: Optional[int] = None,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

@@ -66,7 +66,20 @@ _OPS = {
 TRANSPORT_ENV = "PCIEIPC_TRANSPORT"
 HANDOFF_ENV = "PCIEIPC_HANDOFF"
 P2P_ENV = "PCIEIPC_P2P"
+HANDOFF_BLOCKS_ENV = "PCIEIPC_HANDOFF_BLOCKS"
 NODE_ENV = "PCIEIPC_NODE"
+
+
+def _handoff_blocks():
+    """PCIEIPC_HANDOFF_BLOCKS as the CUDA communicator takes it: unset is
+    None (one block a multiprocessor); the range is checked there."""
+    text = os.environ.get(HANDOFF_BLOCKS_ENV)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgument(f"{HANDOFF_BLOCKS_ENV}={text!r}: expected a whole number of thread blocks, 1 to 64") from None
 
 
 def _op_name(op) -> str:
@@ -453,6 +466,7 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 peer_timeout=seconds,
                 handoff=os.environ.get(HANDOFF_ENV, "auto"),
                 p2p=os.environ.get(P2P_ENV, "auto"),
+                handoff_blocks=_handoff_blocks(),
             )
         elif self._cuda.device != index:
             raise InvalidArgument(

@@ -152,11 +152,14 @@ impl CudaCommunicator {
     /// "gpu" (always: ranks sharing a GPU then need MPS), "host". `p2p`:
     /// "auto" or "off" (data through pinned host memory over PCIe).
     /// `handoff_timeout`: seconds a GPU-side wait for a peer lasts before the
-    /// call fails naming it. The rest as for `Communicator`.
+    /// call fails naming it. `handoff_blocks`: the most thread blocks (1 to
+    /// 64) a GPU hand-off launch takes, the multiprocessors its kernels hold
+    /// while they wait for peers; `None`: one a multiprocessor, up to 64.
+    /// The rest as for `Communicator`.
     #[new]
     // One argument per keyword of the Python signature.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (rendezvous, rank, nranks, device, *, transport="shm", secret=None, join_timeout=30.0, peer_timeout=60.0, handoff="auto", p2p="auto", handoff_timeout=10.0))]
+    #[pyo3(signature = (rendezvous, rank, nranks, device, *, transport="shm", secret=None, join_timeout=30.0, peer_timeout=60.0, handoff="auto", p2p="auto", handoff_timeout=10.0, handoff_blocks=None))]
     fn new(
         py: Python<'_>,
         rendezvous: &str,
@@ -170,7 +173,18 @@ impl CudaCommunicator {
         handoff: &str,
         p2p: &str,
         handoff_timeout: f64,
+        handoff_blocks: Option<i64>,
     ) -> PyResult<CudaCommunicator> {
+        let handoff_blocks = match handoff_blocks {
+            None => None,
+            Some(blocks @ 1..=64) => Some(blocks as u32),
+            Some(blocks) => {
+                return Err(invalid(
+                    format!("handoff_blocks {blocks}: expected 1 to 64 (or None)"),
+                    rank,
+                ))
+            }
+        };
         let handoff = match handoff {
             "auto" => Handoff::Auto,
             "gpu" => Handoff::Gpu,
@@ -197,6 +211,7 @@ impl CudaCommunicator {
             handoff,
             peer_to_peer,
             handoff_timeout: seconds(handoff_timeout, "handoff_timeout", rank)?,
+            handoff_blocks,
             ..CudaOptions::default()
         };
         let gpu = py

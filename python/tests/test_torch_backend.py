@@ -146,3 +146,20 @@ def test_a_rank_killed_mid_training_makes_the_others_raise_naming_it(tmp_path):
         # The engine watches its peers' processes: a death is seen at once,
         # not after a timeout.
         assert result["seconds"] < 20, result
+
+
+def test_a_bad_handoff_grid_is_refused_before_any_gpu_is_touched(monkeypatch):
+    from pcieipc import CudaCommunicator, InvalidArgument
+    from pcieipc.torch import _handoff_blocks
+
+    # Checked before the GPU is opened: refused the same on a machine without one.
+    for blocks in (0, 65, -1):
+        with pytest.raises(InvalidArgument, match=f"handoff_blocks {blocks}: expected 1 to 64"):
+            CudaCommunicator("never-joined", 0, 1, 0, handoff_blocks=blocks)
+    monkeypatch.setenv("PCIEIPC_HANDOFF_BLOCKS", "many")
+    with pytest.raises(InvalidArgument, match="PCIEIPC_HANDOFF_BLOCKS='many'"):
+        _handoff_blocks()
+    monkeypatch.setenv("PCIEIPC_HANDOFF_BLOCKS", "8")
+    assert _handoff_blocks() == 8
+    monkeypatch.delenv("PCIEIPC_HANDOFF_BLOCKS")
+    assert _handoff_blocks() is None
