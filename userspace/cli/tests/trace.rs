@@ -1,7 +1,7 @@
 //! `pcieipc bench --trace`, `pcieipc trace -- <command>` and `pcieipc trace
 //! summary`: the file parses as trace-event JSON, has a track per rank,
 //! every step and wait lies inside a call of its own rank, and the summary
-//! names the slowest step.
+//! names the slowest step and gives every call of the tail one cause.
 
 use std::path::Path;
 use std::process::Command;
@@ -165,6 +165,41 @@ fn bench_trace_has_a_track_per_rank_with_nested_spans_and_a_summary() {
         text.contains("  reduce ") && text.contains("  send "),
         "{text}"
     );
+    // The tail: every numbered call of the job counted once, and each call
+    // at or above p99.7 given one cause.
+    let (_, events) = spans(&file);
+    let numbered: std::collections::BTreeSet<i64> = events
+        .iter()
+        .filter(|event| event["ph"] == "X" && event["cat"] == "call")
+        .filter_map(|event| event["args"]["call"].as_i64())
+        .collect();
+    let tail_line = text
+        .lines()
+        .find(|line| line.starts_with("calls: "))
+        .unwrap_or_else(|| panic!("no tail in the summary:\n{text}"));
+    assert!(
+        tail_line.starts_with(&format!("calls: {}, median ", numbered.len())),
+        "{tail_line}\n{text}"
+    );
+    let at_or_above: usize = tail_line
+        .rsplit("the ")
+        .next()
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("{tail_line}"));
+    let causes = [
+        "a peer began the call late",
+        "waiting on a peer",
+        "a step with no wait inside took long",
+        "time in no step or wait",
+    ];
+    let counted: usize = text
+        .lines()
+        .filter(|line| causes.iter().any(|cause| line.trim_start().contains(cause)))
+        .filter_map(|line| line.split_whitespace().next()?.parse::<usize>().ok())
+        .sum();
+    assert!(at_or_above >= 1, "{text}");
+    assert_eq!(counted, at_or_above, "{text}");
     // The picture: both ranks' bands, and the last two 1 MiB calls' spans.
     let picture = dir.join("bench.svg");
     let drawn = pcieipc()
