@@ -157,11 +157,11 @@ impl Shadows {
         }
     }
 
-    /// Writes again the messages the successor asked for since the last
-    /// call, as `rank` of `transport`.
+    /// Writes again the message the successor asked for, if it asked for
+    /// one since the last served, as `rank` of `transport`.
     pub(crate) fn serve(&self, transport: &Transport, rank: usize) {
         let requests = transport.load(rank, Signal::ResendRequests);
-        while self.served.get() != requests {
+        if request_pending(requests, self.served.get()) {
             let wanted = transport.load(rank, Signal::ResendWanted);
             let stream = Stream::of_request(wanted);
             let sent = self.sent[stream.index()];
@@ -179,6 +179,42 @@ impl Shadows {
             }
             self.served.set(self.served.get().wrapping_add(1));
             transport.store(rank, Signal::Resent, self.served.get());
+        }
+    }
+}
+
+/// Whether the successor's request count `requests` asks for a resend
+/// beyond the `served` ones. The successor asks for one message at a time
+/// and waits until it is resent (`Checked::ask_resend`), so an honest count
+/// is the served one or one more. Any other is no honest successor's, and
+/// is left unserved: a hostile peer's, or this rank's own window read
+/// through the module's stand-in page once its device went away, which
+/// holds whatever this rank last wrote at that offset. Served as a count to
+/// catch up with, such a number took up to 2^32 rounds of this loop (two
+/// minutes of a rank spinning after its device was hot-unplugged, until
+/// its next poll of the event stream named the removal).
+fn request_pending(requests: u32, served: u32) -> bool {
+    requests.wrapping_sub(served) == 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_pending;
+
+    #[test]
+    fn only_one_request_past_the_served_ones_is_served() {
+        for served in [0, 1, 77, u32::MAX - 1, u32::MAX] {
+            assert!(!request_pending(served, served), "none pending at {served}");
+            assert!(
+                request_pending(served.wrapping_add(1), served),
+                "one at {served}"
+            );
+            for garbage in [2, 3, 1 << 16, 0x7fff_ffff, u32::MAX] {
+                assert!(
+                    !request_pending(served.wrapping_add(garbage), served),
+                    "{garbage} ahead of {served}"
+                );
+            }
         }
     }
 }
