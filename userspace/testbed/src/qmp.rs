@@ -131,6 +131,8 @@ impl Qmp {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                // Later requests on this connection read without a limit.
+                self.reader.get_ref().set_read_timeout(None)?;
                 return Err(QmpError::NoEvent {
                     event: event.into(),
                     timeout,
