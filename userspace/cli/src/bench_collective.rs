@@ -222,7 +222,7 @@ impl Collective for CudaCommunicator {
         };
         let handoff = match self.handoff_blocks() {
             Some(blocks) => {
-                format!("hand-off on the GPU (calls queued on a stream, {blocks} blocks a launch)")
+                format!("hand-off on the GPU (calls queued on a stream, up to {blocks} blocks a launch)")
             }
             None => "hand-off on the host after every step".to_owned(),
         };

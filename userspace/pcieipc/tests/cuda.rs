@@ -1159,7 +1159,20 @@ fn host_memory_handoff_stream_order_and_graph_replay_with_2_ranks() {
 
 #[test]
 fn gpu_handoff_killed_rank_is_named_at_once() {
-    const TEST: &str = "gpu_handoff_killed_rank_is_named_at_once";
+    killed_rank_is_named_at_once("gpu_handoff_killed_rank_is_named_at_once", handoff_options);
+}
+
+/// Through host memory a 4 MiB call goes by the copy engines, whose waits
+/// are kernels of their own between the copies.
+#[test]
+fn host_memory_handoff_killed_rank_is_named_at_once() {
+    killed_rank_is_named_at_once(
+        "host_memory_handoff_killed_rank_is_named_at_once",
+        host_memory_options,
+    );
+}
+
+fn killed_rank_is_named_at_once(test: &str, options: fn(AlgorithmChoice) -> CudaOptions) {
     const VICTIM: usize = 1;
     // Far longer than the watchdog needs: a detection in time is its work.
     let timeout = Duration::from_secs(20);
@@ -1169,7 +1182,7 @@ fn gpu_handoff_killed_rank_is_named_at_once() {
             "h-killed",
             CudaOptions {
                 handoff_timeout: timeout,
-                ..handoff_options(AlgorithmChoice::Auto)
+                ..options(AlgorithmChoice::Auto)
             },
         );
         let gpu = comm.gpu().clone();
@@ -1221,49 +1234,67 @@ fn gpu_handoff_killed_rank_is_named_at_once() {
         assert_eq!(ones.to_host().unwrap(), vec![1.0; 4096]);
         return;
     }
-    let outputs = wait_ranks(spawn_ranks(TEST, 2, &[0, 1]), LIMIT);
+    let outputs = wait_ranks(spawn_ranks(test, 2, &[0, 1]), LIMIT);
     assert_only_victim_killed(&outputs, VICTIM);
 }
 
 #[test]
 fn gpu_handoff_silent_rank_is_named_at_the_timeout() {
+    silent_rank_is_named_at_the_timeout(
+        "gpu_handoff_silent_rank_is_named_at_the_timeout",
+        handoff_options,
+        1024,
+    );
+}
+
+/// By the copy engines (4 MiB through host memory): one timeout ends the
+/// call, not one per chunk's wait.
+#[test]
+fn host_memory_handoff_silent_rank_is_named_at_the_timeout() {
+    silent_rank_is_named_at_the_timeout(
+        "host_memory_handoff_silent_rank_is_named_at_the_timeout",
+        host_memory_options,
+        1 << 20,
+    );
+}
+
+fn silent_rank_is_named_at_the_timeout(
+    test: &str,
+    options: fn(AlgorithmChoice) -> CudaOptions,
+    count: usize,
+) {
     const SILENT: usize = 1;
     let timeout = Duration::from_secs(2);
-    run_ranks(
-        "gpu_handoff_silent_rank_is_named_at_the_timeout",
-        2,
-        LIMIT,
-        move |role| {
-            let mut comm = join(
-                &role,
-                "h-silent",
-                CudaOptions {
-                    handoff_timeout: timeout,
-                    ..handoff_options(AlgorithmChoice::Auto)
-                },
-            );
-            if role.rank == SILENT {
-                // Alive, but never calls: only the kernels' timeout can tell.
-                std::thread::sleep(timeout * 3);
-                return;
-            }
-            let gpu = comm.gpu().clone();
-            let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, 1024).unwrap();
-            let started = Instant::now();
-            let error = comm
-                .run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum))
-                .expect_err("the silent rank never called");
-            let waited = started.elapsed();
-            assert!(
-                waited >= timeout && waited < timeout * 3,
-                "noticed after {waited:?} with a {timeout:?} timeout"
-            );
-            match error {
-                EngineError::PeerUnresponsive { rank, .. } => assert_eq!(rank, SILENT),
-                other => panic!("expected rank {SILENT} named unresponsive, got {other}"),
-            }
-        },
-    );
+    run_ranks(test, 2, LIMIT, move |role| {
+        let mut comm = join(
+            &role,
+            "h-silent",
+            CudaOptions {
+                handoff_timeout: timeout,
+                ..options(AlgorithmChoice::Auto)
+            },
+        );
+        if role.rank == SILENT {
+            // Alive, but never calls: only the kernels' timeout can tell.
+            std::thread::sleep(timeout * 3);
+            return;
+        }
+        let gpu = comm.gpu().clone();
+        let mut buffer = DeviceBuffer::<f32>::zeroed(&gpu, count).unwrap();
+        let started = Instant::now();
+        let error = comm
+            .run(GpuCall::all_reduce_in_place(&mut buffer, ReduceOp::Sum))
+            .expect_err("the silent rank never called");
+        let waited = started.elapsed();
+        assert!(
+            waited >= timeout && waited < timeout * 3,
+            "noticed after {waited:?} with a {timeout:?} timeout"
+        );
+        match error {
+            EngineError::PeerUnresponsive { rank, .. } => assert_eq!(rank, SILENT),
+            other => panic!("expected rank {SILENT} named unresponsive, got {other}"),
+        }
+    });
 }
 
 /// reduce_scatter, all_gather (out of place, and in place through the raw

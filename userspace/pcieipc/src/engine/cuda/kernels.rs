@@ -38,6 +38,10 @@ const COMMON: &str = include_str!("kernels/common.cu");
 /// (appended to COMMON's hand-off section).
 const HANDOFF_COLLECTIVES: &str = include_str!("kernels/handoff_collectives.cu");
 
+/// The kernels between the copy engines' copies of an all_reduce through
+/// host memory (appended after HANDOFF_COLLECTIVES).
+const HANDOFF_COPIES: &str = include_str!("kernels/handoff_copies.cu");
+
 /// The `#define`s that specialise COMMON for one element type and reduction.
 fn specialisation(dtype: DType, op: ReduceOp) -> String {
     // (storage, compute, unsigned twin for wrapping, load, store, float min/max)
@@ -128,6 +132,18 @@ pub(crate) struct ExchangeArg {
 // (u64s, then two u32s filling one 8-byte slot, then u64s: no padding).
 unsafe impl DeviceRepr for ExchangeArg {}
 
+/// The copy hand-off's flag kernels (`handoff_copies.cu`), one thread each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CopyFlag {
+    /// Raise a flag at every peer once the copies before it have landed.
+    Signal,
+    /// Wait (bounded) until every peer raised a flag here.
+    Await,
+    /// Raise the launch's meeting flag at every peer and wait for theirs
+    /// (phase 0 at its start, 1 at its end, which moves the counters on).
+    Meet,
+}
+
 /// Which hand-off kernel a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HandoffKernel {
@@ -189,6 +205,10 @@ pub(crate) struct Kernel {
     handoff_reduce_scatter: LazyFunction,
     handoff_all_gather: LazyFunction,
     handoff_broadcast: LazyFunction,
+    copies_signal: LazyFunction,
+    copies_await: LazyFunction,
+    copies_meet: LazyFunction,
+    copies_reduce: LazyFunction,
 }
 
 /// Every (element type, reduction) compiled so far on one GPU.
@@ -219,7 +239,10 @@ impl KernelCache {
         let capability = ctx
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
-        let source = format!("{}{COMMON}{HANDOFF_COLLECTIVES}", specialisation(dtype, op));
+        let source = format!(
+            "{}{COMMON}{HANDOFF_COLLECTIVES}{HANDOFF_COPIES}",
+            specialisation(dtype, op)
+        );
         let name = format!("pcieipc_{}_{}.cu", dtype.name(), op.name());
         let ptx = nvrtc::module_image(&source, &name, capability, ordinal)?;
         let module = ctx
@@ -251,6 +274,22 @@ impl KernelCache {
             handoff_broadcast: LazyFunction::new(
                 "handoff_broadcast",
                 "finding the hand-off broadcast kernel",
+            ),
+            copies_signal: LazyFunction::new(
+                "handoff_copies_signal",
+                "finding the copy hand-off's signal kernel",
+            ),
+            copies_await: LazyFunction::new(
+                "handoff_copies_await",
+                "finding the copy hand-off's wait kernel",
+            ),
+            copies_meet: LazyFunction::new(
+                "handoff_copies_meet",
+                "finding the copy hand-off's meeting kernel",
+            ),
+            copies_reduce: LazyFunction::new(
+                "handoff_copies_reduce",
+                "finding the copy hand-off's reduce kernel",
             ),
         });
         compiled.insert((dtype, op), kernel.clone());
@@ -400,6 +439,86 @@ impl Kernel {
         // exchange blocks and the error word stay mapped while the
         // communicator lives, which drains its launches before it goes.
         unsafe { builder.launch(config) }.map_err(self.driver("launching a hand-off kernel"))?;
+        Ok(())
+    }
+
+    /// Queues on `stream` one thread of the copy hand-off's `flag` kernel,
+    /// for flag `slot` of `phase` (a meeting's slot is fixed: `slot` is
+    /// ignored).
+    pub(crate) fn copies_flag(
+        &self,
+        flag: CopyFlag,
+        stream: &CudaStream,
+        exchange: &ExchangeArg,
+        phase: u32,
+        slot: u32,
+    ) -> Result<(), CudaError> {
+        let (lazy, word) = match flag {
+            CopyFlag::Signal => (&self.copies_signal, slot),
+            CopyFlag::Await => (&self.copies_await, slot),
+            // The meeting at the end (phase 1) is the launch's last.
+            CopyFlag::Meet => (&self.copies_meet, phase),
+        };
+        let config = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = stream.launch_builder(self.function(lazy)?);
+        builder.arg(exchange).arg(&phase).arg(&word);
+        // SAFETY: the arguments match the flag kernels' signature; they
+        // touch only the exchange blocks, the counters and the error word,
+        // which stay mapped while the communicator lives (it drains its
+        // launches before it goes).
+        unsafe { builder.launch(config) }
+            .map_err(self.driver("launching a hand-off flag kernel"))?;
+        Ok(())
+    }
+
+    /// Queues on `stream` `out[i]` = op over every rank's contribution in
+    /// rank order for `elements` elements: this rank's at `mine`, peer k's
+    /// at `staged + k * window` (device memory), divided by `divide_by`
+    /// when it is not 0.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn copies_reduce(
+        &self,
+        stream: &CudaStream,
+        out: u64,
+        mine: u64,
+        staged: u64,
+        elements: usize,
+        divide_by: u32,
+        exchange: &ExchangeArg,
+    ) -> Result<(), CudaError> {
+        if elements == 0 {
+            return Ok(());
+        }
+        let n = elements as u64;
+        // One pass of UNROLL (4) vectors per thread, at most one block a
+        // multiprocessor: the data is in device memory.
+        let per_block = HANDOFF_THREADS as usize * 4 * (16 / self.element_bytes).max(1);
+        let blocks = elements
+            .div_ceil(per_block)
+            .clamp(1, self.multiprocessors as usize) as u32;
+        let config = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (HANDOFF_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = stream.launch_builder(self.function(&self.copies_reduce)?);
+        builder
+            .arg(&out)
+            .arg(&mine)
+            .arg(&staged)
+            .arg(&n)
+            .arg(&divide_by)
+            .arg(exchange);
+        // SAFETY: the arguments match the kernel's signature; `out` and
+        // `mine` hold `elements` elements of the call's buffers (the
+        // caller's promise, `GpuCall`), and the staging buffer a window per
+        // rank, alive while the communicator lives.
+        unsafe { builder.launch(config) }
+            .map_err(self.driver("launching the copy hand-off's reduce kernel"))?;
         Ok(())
     }
 }

@@ -74,10 +74,10 @@ pub struct CudaOptions {
     /// GPU hand-off: the most thread blocks a launch takes (1 to 64), the
     /// multiprocessors its kernels hold while they spin on their peers'
     /// flags, as NCCL's channels do: fewer leave more of the GPU to the
-    /// job's own kernels running beside the calls, and make fewer flags
-    /// cross the link per call. `None`: one a multiprocessor, up to 64. The
-    /// smallest any rank asks for holds (every rank's launches must be
-    /// resident together).
+    /// job's own kernels running beside the calls. A launch takes a block
+    /// per 32 KiB of its message up to this (an 8-byte call one block).
+    /// `None`: one a multiprocessor, up to 64. The smallest any rank asks
+    /// for holds (every rank's launches must be resident together).
     pub handoff_blocks: Option<u32>,
 }
 

@@ -115,6 +115,18 @@ impl Blocks {
         }
     }
 
+    /// `sender`'s inbox of parity 0 in `at`'s block, as mapped here (the
+    /// kernels' `inbox`: the flags and their calls, then the slots).
+    pub(super) fn inbox(&self, at: usize, sender: usize, window: usize) -> u64 {
+        self.address(at) + (HANDOFF_HEADER_BYTES + sender * window) as u64
+    }
+
+    /// `owner`'s result slot of parity 0 in `at`'s block, as mapped here
+    /// (the kernels' `results`: after both parities' inboxes).
+    pub(super) fn results(&self, at: usize, owner: usize, nranks: usize, window: usize) -> u64 {
+        self.address(at) + (HANDOFF_HEADER_BYTES + (2 * nranks + owner) * window) as u64
+    }
+
     pub(super) fn count(&self) -> usize {
         match self {
             Blocks::Device { peers, .. } => peers.len(),

@@ -22,6 +22,12 @@
 //! rank's launches). Only plain stores cross the link: PCIe has no peer
 //! atomics.
 //!
+//! Through host memory, two-shot launches of a mebibyte and more move by
+//! the GPU's copy engines instead (`copy_engines`), which drive the link at
+//! its rate both ways at once; the kernels' loads and stores reach about
+//! half of it, and start sooner for small messages. A small message takes
+//! few blocks (`plan::grid`): each block's flags are a round trip.
+//!
 //! Every wait is bounded: a block that sees no flag within the timeout
 //! writes what it waited for into a host-mapped error word and ends the
 //! kernel; the communicator then refuses every later call with that error.
@@ -33,9 +39,11 @@
 //!
 //! - `exchange`: the blocks (device memory or pinned shared host memory).
 //! - `plan`: what a call launches, from `schedule`.
+//! - `copy_engines`: the copy engines' launches through host memory.
 //! - `report`: where kernels report a failure, and what it says.
 //! - `watchdog`: a peer's exit written into that report.
 
+mod copy_engines;
 mod exchange;
 mod plan;
 mod report;
@@ -60,6 +68,7 @@ use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CallKind, Communicator, EngineError,
 };
 use crate::trace::{Arg, Recorder};
+use copy_engines::CopyEngines;
 use exchange::Blocks;
 use report::FailureReport;
 use watchdog::Watchdog;
@@ -90,8 +99,11 @@ pub(super) struct GpuHandoff {
     epochs: DeviceBuffer<i64>,
     /// Bytes of one inbox or result slot (rank 0's choice).
     window: usize,
-    /// The grid of every launch (rank 0's choice: the flags are per block).
+    /// The most blocks a launch takes (rank 0's choice: the flags are per
+    /// block).
     blocks: u32,
+    /// Through host memory: the copy engines' streams and staging.
+    copies: Option<CopyEngines>,
     timeout: Duration,
     report: Arc<FailureReport>,
     /// Every rank's pid, to name a peer that exited.
@@ -133,6 +145,12 @@ impl GpuHandoff {
         let bytes = Blocks::bytes(nranks, settings.window);
         let blocks_memory = Blocks::open(settings.memory, gpu, control, bytes)?;
         let epochs = DeviceBuffer::<i64>::zeroed(gpu, HANDOFF_BLOCKS).map_err(&err)?;
+        let copies = match settings.memory {
+            ExchangeMemory::Host => {
+                Some(CopyEngines::new(gpu, nranks, settings.window).map_err(&err)?)
+            }
+            ExchangeMemory::Device => None,
+        };
         let report = Arc::new(FailureReport::new(gpu).map_err(&err)?);
         let ordering = gpu.new_event().map_err(&err)?;
         let pids = control.pids();
@@ -147,6 +165,7 @@ impl GpuHandoff {
             epochs,
             window: settings.window,
             blocks: settings.blocks,
+            copies,
             timeout: settings.timeout,
             report,
             pids,
@@ -165,7 +184,7 @@ impl GpuHandoff {
         self.window
     }
 
-    /// The thread blocks of every launch.
+    /// The most thread blocks a launch takes.
     pub(super) fn blocks(&self) -> u32 {
         self.blocks
     }
@@ -229,10 +248,24 @@ impl GpuHandoff {
         };
         // Each launch reads and writes what `call` holds: the typed
         // constructors' buffers, or the raw call's promise (`GpuCall`).
+        let element = call.dtype.size_bytes();
         for launch in plan::launches(call, algorithm, self.nranks, self.window) {
-            kernel
-                .handoff(&launch, &stream, self.blocks, &argument)
-                .map_err(&err)?;
+            match &self.copies {
+                Some(copies) if plan::by_copy_engines(&launch, element) => copies.queue(
+                    &kernel,
+                    &launch,
+                    element,
+                    &stream,
+                    &argument,
+                    &self.blocks_memory,
+                    self.window,
+                ),
+                _ => {
+                    let grid = plan::grid(&launch, element, self.blocks);
+                    kernel.handoff(&launch, &stream, grid, &argument)
+                }
+            }
+            .map_err(&err)?;
         }
         if let (Some(spans), Some(start)) = (&mut self.spans, traced) {
             spans

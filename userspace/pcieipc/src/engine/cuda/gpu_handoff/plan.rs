@@ -2,10 +2,16 @@
 //! (`schedule::select` under the hand-off's limits), the window-sized pieces
 //! the call is launched in (`schedule::clip`), and the two-shot segments
 //! each rank owns (`schedule::Direct`, cut in the kernels' 16-byte vectors),
-//! passed to the kernels as arguments. Pure arithmetic: no GPU.
+//! passed to the kernels as arguments; the grid a launch takes; and, through
+//! host memory, which launches the copy engines move and in what chunks.
+//! Pure arithmetic: no GPU.
 
 use crate::engine::cuda::call::GpuCall;
-use crate::engine::cuda::kernels::{HandoffKernel, HandoffLaunch, SegmentsArg, HANDOFF_MAX_RANKS};
+use std::ops::Range;
+
+use crate::engine::cuda::kernels::{
+    HandoffKernel, HandoffLaunch, SegmentsArg, HANDOFF_BLOCKS, HANDOFF_MAX_RANKS,
+};
 use crate::engine::schedule::{self, clip, Direct, Limits};
 use crate::engine::{Algorithm, AlgorithmChoice, CallKind, ReduceOp};
 
@@ -13,6 +19,83 @@ use crate::engine::{Algorithm, AlgorithmChoice, CallKind, ReduceOp};
 /// where every pointer is aligned, so a segment that starts on a vector
 /// boundary of the buffer keeps them.
 const VECTOR_BYTES: usize = 16;
+
+/// Bytes of a launch's message that each block of its grid takes at least.
+/// One pass of a block moves 32 KiB (512 threads, 4 vectors of 16 bytes
+/// each), and every block raises and awaits its own flags at every peer, so
+/// a small message spread over many blocks pays for many flag round trips:
+/// through host memory, where each is a PCIe round trip, an 8-byte call
+/// took 52 µs in 64 blocks and 15.5 µs in one (one H200, two ranks under
+/// MPS).
+const BYTES_PER_BLOCK: usize = 32 << 10;
+
+/// Through host memory, a two-shot launch of at least this many bytes moves
+/// by the copy engines (`copy_engines`); smaller ones by the kernels' loads
+/// and stores, which start sooner: on one H200 (two ranks under MPS) the
+/// kernels moved 2 MiB at 0.46 of the link's limit and the copy engines
+/// 0.38, 4 MiB both about half, 8 MiB and more the copy engines faster.
+const COPY_ENGINE_MIN_BYTES: usize = 4 << 20;
+
+/// Bytes of a copy engines' chunk of one rank's segment, about: the copies of
+/// one chunk overlap the reduction and the copies the other way of the
+/// chunks beside it, but every chunk's flag kernels stall its streams for a
+/// while. On one H200, two ranks, 64 MiB calls: 0.32 of the link's limit in
+/// chunks of 256 KiB, 0.47 in 512 KiB, 0.69 in 1 MiB, 0.80 in 2 MiB, 0.85
+/// in 4 MiB.
+const COPY_CHUNK_BYTES: usize = 4 << 20;
+
+/// Chunks of one copy-engine launch at most: flag slots 0 to 62 (the last
+/// of the 64 is the launch's meetings, `handoff_copies.cu`).
+pub(super) const MAX_COPY_CHUNKS: usize = HANDOFF_BLOCKS - 1;
+
+/// The grid of a kernel launch: a block per `BYTES_PER_BLOCK` of its
+/// message, between one and `blocks` (the grid the ranks agreed on).
+pub(super) fn grid(launch: &HandoffLaunch, element: usize, blocks: u32) -> u32 {
+    (launch.elements * element)
+        .div_ceil(BYTES_PER_BLOCK)
+        .clamp(1, blocks.max(1) as usize) as u32
+}
+
+/// Whether `launch`, through host memory, goes by the copy engines: a
+/// two-shot launch of at least `COPY_ENGINE_MIN_BYTES`.
+pub(super) fn by_copy_engines(launch: &HandoffLaunch, element: usize) -> bool {
+    launch.kernel == HandoffKernel::TwoShot && launch.elements * element >= COPY_ENGINE_MIN_BYTES
+}
+
+/// How the copy engines cut a two-shot launch: `count` chunks of every
+/// rank's segment, each `elements` long (whole vectors; a segment's last
+/// chunks may be shorter or empty). Every rank computes the same from the
+/// same launch, so their flags agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct CopyChunks {
+    pub(super) count: usize,
+    pub(super) elements: usize,
+}
+
+impl CopyChunks {
+    /// The chunks of `launch` (two-shot) among `nranks` ranks, elements of
+    /// `element` bytes.
+    pub(super) fn of(launch: &HandoffLaunch, nranks: usize, element: usize) -> CopyChunks {
+        let vector = (VECTOR_BYTES / element).max(1);
+        let longest = (0..nranks)
+            .map(|rank| launch.segments.start[rank + 1] - launch.segments.start[rank])
+            .max()
+            .unwrap_or(0) as usize;
+        let count = (longest * element)
+            .div_ceil(COPY_CHUNK_BYTES)
+            .clamp(1, MAX_COPY_CHUNKS);
+        let elements = longest.div_ceil(count).div_ceil(vector).max(1) * vector;
+        CopyChunks { count, elements }
+    }
+
+    /// Chunk `index` of `rank`'s segment of `launch`, in elements of the
+    /// launch.
+    pub(super) fn chunk(&self, launch: &HandoffLaunch, rank: usize, index: usize) -> Range<usize> {
+        let segment =
+            launch.segments.start[rank] as usize..launch.segments.start[rank + 1] as usize;
+        clip(&segment, index, self.elements)
+    }
+}
 
 /// What bounds the hand-off's automatic all_reduce choice: one-shot while
 /// the message fits the one-shot budget (`one_shot_bytes`) and one window,
@@ -242,6 +325,73 @@ mod tests {
         assert_eq!(one_shot.len(), 1);
         assert_eq!(one_shot[0].segments, SegmentsArg::default());
         assert!(launches_of_count(0).is_empty());
+    }
+
+    #[test]
+    fn a_small_message_takes_few_blocks_and_a_large_one_the_agreed_grid() {
+        let launch = |bytes: usize| HandoffLaunch {
+            kernel: HandoffKernel::OneShot,
+            dst: 0,
+            src: 0,
+            elements: bytes / 4,
+            stride: 0,
+            segments: SegmentsArg::default(),
+            divide_by: 0,
+            root: 0,
+        };
+        assert_eq!(grid(&launch(8), 4, 64), 1);
+        assert_eq!(grid(&launch(BYTES_PER_BLOCK), 4, 64), 1);
+        assert_eq!(grid(&launch(BYTES_PER_BLOCK + 4), 4, 64), 2);
+        assert_eq!(grid(&launch(1 << 20), 4, 64), 32);
+        assert_eq!(grid(&launch(1 << 20), 4, 8), 8);
+        assert_eq!(grid(&launch(4 << 20), 4, 64), 64);
+    }
+
+    #[test]
+    fn copy_chunks_cover_every_segment_in_order_within_the_flag_slots() {
+        for dtype in DType::ALL {
+            let element = dtype.size_bytes();
+            let vector = VECTOR_BYTES / element;
+            for nranks in 1..=HANDOFF_MAX_RANKS {
+                let window = 16 << 20;
+                for count in [1, 37, (1 << 20) / element + 3, nranks * window / element] {
+                    let call = all_reduce(dtype, count);
+                    for launch in launches(&call, Algorithm::Direct, nranks, window) {
+                        let chunks = CopyChunks::of(&launch, nranks, element);
+                        assert!((1..=MAX_COPY_CHUNKS).contains(&chunks.count), "{chunks:?}");
+                        assert_eq!(chunks.elements % vector, 0, "{chunks:?}");
+                        for rank in 0..nranks {
+                            let segment = launch.segments.start[rank] as usize
+                                ..launch.segments.start[rank + 1] as usize;
+                            let mut next = segment.start;
+                            for index in 0..chunks.count {
+                                let chunk = chunks.chunk(&launch, rank, index);
+                                assert_eq!(chunk.start, next.min(segment.end));
+                                assert!(chunk.len() <= chunks.elements);
+                                next = chunk.end;
+                            }
+                            assert_eq!(next, segment.end, "{dtype:?} {nranks} {count} {chunks:?}");
+                        }
+                    }
+                }
+            }
+        }
+        // Through host memory only two-shot launches of COPY_ENGINE_MIN_BYTES
+        // or more go by the copy engines.
+        let two_shot = |count| {
+            launches(
+                &all_reduce(DType::F32, count),
+                Algorithm::Direct,
+                2,
+                16 << 20,
+            )[0]
+        };
+        assert!(!by_copy_engines(
+            &two_shot(COPY_ENGINE_MIN_BYTES / 4 - 4),
+            4
+        ));
+        assert!(by_copy_engines(&two_shot(COPY_ENGINE_MIN_BYTES / 4), 4));
+        assert!(!by_copy_engines(&launches_of_count(1 << 20)[0], 4));
     }
 
     fn launches_of_count(count: usize) -> Vec<HandoffLaunch> {

@@ -161,8 +161,17 @@ __device__ __forceinline__ u64 begin(const Exchange& x) {
     __syncthreads();
     return epoch;
 }
+// A launch may take fewer blocks than HBLOCKS (a small message takes few):
+// its first block also moves the counters of the blocks it did not run, so
+// that every block of a later launch starts from the same epoch, and with it
+// the same parity of the slots.
 __device__ __forceinline__ void finish(const Exchange& x, u64 epoch) {
-    if (threadIdx.x == 0) x.epochs[blockIdx.x] = epoch;
+    if (threadIdx.x == 0) {
+        x.epochs[blockIdx.x] = epoch;
+        if (blockIdx.x == 0) {
+            for (unsigned b = gridDim.x; b < HBLOCKS; b++) x.epochs[b] = epoch;
+        }
+    }
 }
 
 __device__ __forceinline__ char* inbox(const Exchange& x, unsigned at, unsigned parity, unsigned sender) {
@@ -204,28 +213,32 @@ __device__ __forceinline__ void copy_share(char* dst, const char* src, u64 start
     for (; i < bytes_end; i += blockDim.x) dst[i] = src[i];
 }
 
-// Thread 0 raises this block's flag of `phase` in rank `at`'s block, after
-// every thread's writes of the block (bar.sync, then a system-scope fence).
-__device__ __forceinline__ void signal(const Exchange& x, u64 epoch, unsigned at, unsigned phase) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile u64* call = call_at(x.base[at], phase, epoch & 1, x.rank, blockIdx.x);
-        call[0] = x.call[0];
-        call[1] = x.call[1];
-        __threadfence_system();
-        store_release(flag_at(x.base[at], phase, epoch & 1, x.rank, blockIdx.x), epoch);
-    }
+// One thread raises flag `slot` of `phase` in rank `at`'s block, with this
+// call's descriptor beside it, after a system-scope fence.
+__device__ __forceinline__ void raise_flag(const Exchange& x, u64 epoch, unsigned at, unsigned phase, unsigned slot) {
+    volatile u64* call = call_at(x.base[at], phase, epoch & 1, x.rank, slot);
+    call[0] = x.call[0];
+    call[1] = x.call[1];
+    __threadfence_system();
+    store_release(flag_at(x.base[at], phase, epoch & 1, x.rank, slot), epoch);
 }
 
-// Thread 0: waits until `peer` raised this block's flag of `phase` here;
-// false (the error word set, unless another block set it first) when it has
+// Thread 0 raises this block's flag of `phase` in rank `at`'s block, after
+// every thread's writes of the block (bar.sync, then raise_flag's fence).
+__device__ __forceinline__ void signal(const Exchange& x, u64 epoch, unsigned at, unsigned phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) raise_flag(x, epoch, at, phase, blockIdx.x);
+}
+
+// One thread: waits until `peer` raised flag `slot` of `phase` here; false
+// (the error word set, unless another block set it first) when it has
 // not within the timeout, or raised it for another call than ours (the
 // peer's flag slot of this parity cannot hold a later launch's: a peer
 // starts launch k + 2 only after our flags of k + 1, raised once this
 // launch has ended).
-__device__ bool await_one(const Exchange& x, u64 epoch, unsigned phase, unsigned peer) {
+__device__ bool await_flag(const Exchange& x, u64 epoch, unsigned phase, unsigned peer, unsigned slot) {
     u64 started = globaltimer();
-    const u64* flag = flag_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
+    const u64* flag = flag_at(x.base[x.rank], phase, epoch & 1, peer, slot);
     for (unsigned polls = 1; load_acquire(flag) < epoch; polls++) {
         // Another block's failure ends this wait too (the error word is host
         // memory: read it now and then, not on every poll).
@@ -238,7 +251,7 @@ __device__ bool await_one(const Exchange& x, u64 epoch, unsigned phase, unsigned
         __nanosleep(64);
     }
     // Ordered after the flag by its acquire load.
-    const volatile u64* call = call_at(x.base[x.rank], phase, epoch & 1, peer, blockIdx.x);
+    const volatile u64* call = call_at(x.base[x.rank], phase, epoch & 1, peer, slot);
     u64 head = call[0], count = call[1];
     if (head != x.call[0] || count != x.call[1]) {
         // Blocks that find the same mismatch write the same words.
@@ -262,25 +275,21 @@ __device__ bool await_peers(const Exchange& x, u64 epoch, unsigned phase, unsign
         ok = 1;
         for (unsigned k = 0; k < x.nranks && ok; k++) {
             if (k == x.rank || (peer != HMAX && k != peer)) continue;
-            ok = await_one(x, epoch, phase, k);
+            ok = await_flag(x, epoch, phase, k, blockIdx.x);
         }
     }
     __syncthreads();
     return ok != 0;
 }
 
-// out[i] = op over every rank's contribution in rank order (as `one_shot`)
-// for this block's share: this rank's own is `mine`, each peer's is in its
-// inbox slot here. Then / div when div is not 0. 16-byte loads when every
-// pointer is aligned (`share` starts on a whole vector): through host memory
-// each load is a PCIe round trip, so the bytes in flight per thread count.
-__device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchange& x, unsigned parity, u64 start, u64 end, unsigned div) {
-    const S* src[HMAX];
+// out[i] = op over src[0..nranks][i] in rank order (as `one_shot`) for this
+// block's share [start, end), then / div when div is not 0. 16-byte loads
+// when every pointer is aligned (`share` starts on a whole vector): through
+// host memory each load is a PCIe round trip, so the bytes in flight per
+// thread count.
+__device__ __forceinline__ void reduce_sources(S* out, const S* const* src, unsigned nranks, u64 start, u64 end, unsigned div) {
     u64 bits = (u64)out;
-    for (unsigned k = 0; k < x.nranks; k++) {
-        src[k] = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
-        bits |= (u64)src[k];
-    }
+    for (unsigned k = 0; k < nranks; k++) bits |= (u64)src[k];
     u64 tail = start;
     if ((bits & 15) == 0) {
         // UNROLL vectors per thread per pass, their loads issued together.
@@ -292,7 +301,7 @@ __device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchan
                 u64 v = v0 + u * blockDim.x;
                 if (v < vend) acc[u] = ((const uint4*)src[0])[v];
             }
-            for (unsigned k = 1; k < x.nranks; k++) {
+            for (unsigned k = 1; k < nranks; k++) {
                 #pragma unroll
                 for (int u = 0; u < UNROLL; u++) {
                     u64 v = v0 + u * blockDim.x;
@@ -322,10 +331,20 @@ __device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchan
     }
     for (u64 i = tail + threadIdx.x; i < end; i += blockDim.x) {
         S r = src[0][i];
-        for (unsigned k = 1; k < x.nranks; k++) r = apply(src[k][i], r, 0);
+        for (unsigned k = 1; k < nranks; k++) r = apply(src[k][i], r, 0);
         if (div) r = ST(DIV(LD(r), div));
         out[i] = r;
     }
+}
+
+// reduce_sources for this block's share, this rank's own contribution
+// `mine`, each peer's in its inbox slot here.
+__device__ __forceinline__ void reduce_share(S* out, const S* mine, const Exchange& x, unsigned parity, u64 start, u64 end, unsigned div) {
+    const S* src[HMAX];
+    for (unsigned k = 0; k < x.nranks; k++) {
+        src[k] = k == x.rank ? mine : (const S*)inbox(x, x.rank, parity, k);
+    }
+    reduce_sources(out, src, x.nranks, start, end, div);
 }
 
 // out[i] = op over every rank's in[i] in rank order (as `one_shot`):
