@@ -22,7 +22,7 @@
 //! rank's launches). Only plain stores cross the link: PCIe has no peer
 //! atomics.
 //!
-//! Through host memory, two-shot launches of a mebibyte and more move by
+//! Through host memory, two-shot launches of 4 MiB and more move by
 //! the GPU's copy engines instead (`copy_engines`), which drive the link at
 //! its rate both ways at once; the kernels' loads and stores reach about
 //! half of it, and start sooner for small messages. A small message takes
