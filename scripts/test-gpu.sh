@@ -25,6 +25,8 @@
 #
 # PCIEIPC_GPU_TEST_ARGS: words handed to the CUDA tests' binary (libtest's
 # filter and --skip), to split the suite where one sitting is too short.
+# PCIEIPC_GPU_STEPS: which of its three steps `run` runs (default all:
+# "cargo benches python"); the last line then names the steps not run.
 #
 # PCIEIPC_GPU_MPS=1 runs the ranks under an MPS daemon of the script's own
 # (started in a private pipe directory, stopped at the end), as a job sharing
@@ -53,6 +55,13 @@ run() {
     local dir="$1" failed=0 wheel
     wheel="$(ls "$dir"/pcieipc-*.whl 2>/dev/null | tail -1)"
     [ -x "$dir/cuda-tests" ] && [ -f "$wheel" ] || die "$dir lacks cuda-tests or the wheel: run scripts/test-gpu.sh build $dir first"
+    local steps="${PCIEIPC_GPU_STEPS:-cargo benches python}" step
+    for step in $steps; do
+        case "$step" in
+            cargo | benches | python) ;;
+            *) die "PCIEIPC_GPU_STEPS: no step '$step' (the steps: cargo benches python)" ;;
+        esac
+    done
     command -v nvidia-smi >/dev/null && nvidia-smi -L || die "no GPU here (nvidia-smi not found): the GPU tests need one"
     use_work_dir
     python3 -m venv "$work/venv" || die "python3 -m venv failed here (Debian and Ubuntu: apt install python3-venv)"
@@ -76,9 +85,29 @@ run() {
         trap 'echo quit | nvidia-cuda-mps-control; rm -rf "'"$mps_dir"'"; stop_started_and_remove_work' EXIT
         log "ranks share GPU 0 under MPS (daemon in $mps_dir)"
     fi
+    local skipped=""
+    for step in cargo benches python; do
+        if [[ " $steps " == *" $step "* ]]; then "${step}_step"; else skipped="$skipped $step"; fi
+    done
+    local verdict=PASSED
+    [ "$failed" = 0 ] || verdict=FAILED
+    if [ -n "$skipped" ]; then
+        echo "GPU tests: $verdict (steps run: $steps; NOT RUN:$skipped)"
+    else
+        echo "GPU tests: $verdict"
+    fi
+    [ "$failed" = 0 ]
+}
+
+# The steps of `run`, which sets their variables (dir, pcieipc, python) and
+# reads `failed` when they are done.
+cargo_step() {
     log "cargo tests of the CUDA transport (one test at a time: their ranks share the GPU)"
     # shellcheck disable=SC2086 # PCIEIPC_GPU_TEST_ARGS: words for libtest
     "$dir/cuda-tests" --test-threads=1 --nocapture ${PCIEIPC_GPU_TEST_ARGS:-} || failed=1
+}
+
+benches_step() {
     for nranks in 2 4; do
         log "pcieipc bench --transport cuda, $nranks ranks on GPU 0, results checked"
         gpus="$(printf '0,%.0s' $(seq "$nranks"))"
@@ -142,11 +171,12 @@ CHECK
     log "the same, the timed calls captured in a CUDA graph and replayed (-G)"
     "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff gpu -G \
         -b 8 -e 256M -f 64 -n 20 -w 5 -c 1 || failed=1
+}
+
+python_step() {
     log "the Python package (the wheel's) on CUDA tensors (python/tests_gpu), with the machine's torch"
     "$python" -c 'import torch; assert torch.cuda.is_available()' || die "python3 here has no torch with CUDA: the Python GPU tests need it"
     "$python" python/tests_gpu/test_gpu.py || failed=1
-    if [ "$failed" = 0 ]; then echo "GPU tests: PASSED"; else echo "GPU tests: FAILED"; fi
-    [ "$failed" = 0 ]
 }
 
 case "${1:-}" in
