@@ -12,6 +12,7 @@ per-size tables with their ratios, and the exit status.
     bench_compare.py cold-start WORK [--repeat N] [--at-most CALLS]
     bench_compare.py latency WORK [--repeat N] [--tail-ratio R] [--tail-up-to BYTES]
     bench_compare.py nccl WORK --ngpus N [--repeat N] [--baseline]
+    bench_compare.py one-gpu WORK [--repeat N] [--modes "gpu host-memory host"] [--baseline]
     bench_compare.py trace-overhead WORK [--repeat N]
     bench_compare.py ddp RUNS
     bench_compare.py --self-test
@@ -24,6 +25,8 @@ What WORK holds, per subcommand (RUN counts from 1):
   lines); a run set aside for steal (*.stolen-N) is not read;
 - nccl: pcieipc-RUN.json, baseline-RUN.json, nccl-RUN.jsonl
   (bench/nccl_allreduce.py's lines);
+- one-gpu: pcieipc-MODE-RUN.json and, with --baseline, baseline-MODE-RUN.json
+  (`pcieipc bench --transport cuda --json`, MODE one of gpu, host-memory, host);
 - trace-overhead: baseline-RUN.out, off-RUN.out, on-RUN.out (`pcieipc bench`'s
   text table);
 - cold-start: pcieipc-RUN.json (`pcieipc bench --cold-start --json`),
@@ -556,6 +559,70 @@ def nccl_report(work, repeat, n, baseline=False):
     return 0
 
 
+# --- scripts/bench-cuda-one-gpu.sh -----------------------------------------
+
+CUDA_COLUMNS = ("time_us", "busbw_gb_s", "link_utilisation")
+
+
+def cuda_output(file, label):
+    """One `pcieipc bench --transport cuda --json` run: {size: (out of place's
+    time, busbw and link use, then in place's)}, link use None where calls do
+    not cross to the host; its path; its busiest link's limit (GB/s each
+    way) or None."""
+    if not os.path.exists(file):
+        raise Broken(f"{label}: no {os.path.basename(file)} (that run was not made)")
+    report = json.load(open(file))
+    if report["wrong"]:
+        raise Broken(f"{label} bench reported {report['wrong']} wrong values")
+    rows = {row["size_bytes"]: tuple(row[placement].get(column) for placement in ("out_of_place", "in_place")
+                                     for column in CUDA_COLUMNS)
+            for row in report["results"]}
+    links = report.get("host_links")
+    limit = min(link["limit_gb_s"] for link in links) if links else None
+    return rows, report.get("path", report["transport"]), limit
+
+
+def one_gpu_report(work, repeat, modes, baseline=False):
+    """bench-cuda-one-gpu.sh's tables: per mode and size the medians of the
+    runs, with the link's limit and each size's use of it through host
+    memory, and with a baseline the ratio of the median times (the
+    baseline's over pcieipc's: below 1, slower than before)."""
+    for mode in modes:
+        sides = {"pcieipc": [], "baseline": []}
+        for run in range(1, repeat + 1):
+            for side in sides if baseline else ("pcieipc",):
+                sides[side].append(cuda_output(f"{work}/{side}-{mode}-{run}.json", side))
+        ours = by_size(rows for rows, _, _ in sides["pcieipc"])
+        before = by_size(rows for rows, _, _ in sides["baseline"])
+        print(f"# {mode}: {sides['pcieipc'][0][1]}")
+        for side, runs in sides.items():
+            limits = [limit for _, _, limit in runs if limit is not None]
+            if limits:
+                print(f"# {side}: the link's limit {statistics.median(limits):.1f} GB/s each way "
+                      f"(median of {', '.join(f'{limit:.1f}' for limit in limits)})")
+
+        def cells(rows, at):
+            time, busbw, use = (median(rows, at + k) if rows[0][at + k] is not None else None for k in range(3))
+            return f"{time:10.2f} {busbw:8.2f} " + (f"{use:5.2f}" if use is not None else f"{'-':>5}")
+
+        header = f"{'size (B)':>12}  {'oop: us':>10} {'GB/s':>8} {'use':>5}  {'ip: us':>10} {'GB/s':>8} {'use':>5}"
+        was = f"  {'was oop':>10} {'GB/s':>8} {'use':>5}  {'ratio':>5}  {'was ip':>10} {'GB/s':>8} {'use':>5}  {'ratio':>5}"
+        print(header + (was if baseline else ""))
+        ratios = []
+        for size in sorted(set(ours) & set(before) if baseline else ours):
+            line = f"{size:>12}  {cells(ours[size], 0)}  {cells(ours[size], 3)}"
+            if baseline:
+                r_oop, r_ip = (median(before[size], at) / median(ours[size], at) for at in (0, 3))
+                ratios += [r_oop, r_ip]
+                line += f"  {cells(before[size], 0)}  {r_oop:5.2f}  {cells(before[size], 3)}  {r_ip:5.2f}"
+            print(line)
+        if baseline:
+            if not ratios:
+                raise Broken(f"{mode}: no size that pcieipc and the baseline both ran")
+            print(f"# {mode}: lowest ratio pcieipc / baseline {min(ratios):.2f}, highest {max(ratios):.2f} (of medians)")
+    return 0
+
+
 # --- scripts/bench-trace-overhead.sh ----------------------------------------
 
 def trace_overhead_report(work, repeat):
@@ -646,6 +713,13 @@ def parser():
     nccl.add_argument("--repeat", type=int, default=3)
     nccl.add_argument("--baseline", action="store_true", help="baseline-RUN.json are there (BASELINE=)")
     nccl.set_defaults(run=lambda a: nccl_report(a.work, a.repeat, a.ngpus, a.baseline))
+
+    one_gpu = sub.add_parser("one-gpu", help="scripts/bench-cuda-one-gpu.sh's tables")
+    one_gpu.add_argument("work")
+    one_gpu.add_argument("--repeat", type=int, default=3)
+    one_gpu.add_argument("--modes", default="gpu host-memory host", help="the modes run (MODES)")
+    one_gpu.add_argument("--baseline", action="store_true", help="baseline-MODE-RUN.json are there (BASELINE=)")
+    one_gpu.set_defaults(run=lambda a: one_gpu_report(a.work, a.repeat, a.modes.split(), a.baseline))
 
     trace = sub.add_parser("trace-overhead", help="scripts/bench-trace-overhead.sh's table")
     trace.add_argument("work")
@@ -764,6 +838,29 @@ def self_test():
     except Broken as error:
         expect("wrong: NCCL's wrong values", str(error), "NCCL all_reduce gave 3 wrong values")
 
+    # One GPU (hand-made, REPEAT=3): medians of three per mode, the link's
+    # limit and use through host memory, none peer to peer; ratios of the
+    # median times to the baseline's.
+    status, lines, err, _ = run("one-gpu", "one-gpu", "--repeat", "3", "--modes", "host-memory gpu", "--baseline")
+    expect("one-gpu: exit status", (status, err), (0, ""))
+    has("one-gpu: the limits, medians of three", lines,
+        "# pcieipc: the link's limit 50.0 GB/s each way (median of 50.6, 50.0, 49.0)")
+    has("one-gpu: 128 MiB through host: median times 6500/6490 against 9500/9400, use 0.82 against 0.56", lines,
+        "   134217728     6500.00    20.65  0.82     6490.00    20.68  0.82     9500.00    14.13  0.56   1.46"
+        "     9400.00    14.28  0.56   1.45")
+    has("one-gpu: peer to peer, no link use", lines,
+        "           8       11.00     0.00     -       11.20     0.00     -       10.00     0.00     -   0.91"
+        "       11.20     0.00     -   1.00")
+    has("one-gpu: lowest and highest ratio", lines, "# gpu: lowest ratio pcieipc / baseline 0.91, highest 1.02 (of medians)")
+    same_as("one-gpu --baseline", lines, "one-gpu", "expected-baseline.txt")
+    status, lines, err, _ = run("one-gpu", "one-gpu", "--repeat", "3", "--modes", "host")
+    expect("one-gpu: a mode that was not run", (status, err), (1, "pcieipc: no pcieipc-host-1.json (that run was not made)\n"))
+    try:
+        cuda_output(os.path.join(FIXTURES, "wrong", "pcieipc-1.json"), "pcieipc")
+        failures.append("one-gpu: a run's wrong values were taken")
+    except Broken as error:
+        expect("one-gpu: a run's wrong values", str(error), "pcieipc bench reported 4 wrong values")
+
     # Tracing (hand-made text tables, REPEAT=3): medians of three, 8 B by time.
     status, lines, err, _ = run("trace-overhead", "trace-overhead", "--repeat", "3")
     expect("trace-overhead: exit status", (status, err), (0, ""))
@@ -840,8 +937,8 @@ def self_test():
     if failures:
         return 1
     print("bench_compare self-test: OpenMPI (ahead, and behind: exit 3), NCCL (with and without a baseline, "
-          "wrong values), cold start, latency, tracing overhead and DDP fixtures give their medians, bests, ratios and "
-          "exit status")
+          "wrong values), one GPU's CUDA paths, cold start, latency, tracing overhead and DDP fixtures give their "
+          "medians, bests, ratios and exit status")
     return 0
 
 
