@@ -16,8 +16,8 @@
 #   MPS=0: no MPS daemon of the script's own (one is already running, or the
 #   ranks are to be time-sliced)
 # Needs: nvidia-smi and, unless MPS=0, nvidia-cuda-mps-control.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
+cd "$REPO_ROOT"
 
 MODES=${MODES:-gpu host-memory host}
 NRANKS=${NRANKS:-2}
@@ -30,33 +30,18 @@ FACTOR=${FACTOR:-4}
 BASELINE=${BASELINE:-}
 MPS=${MPS:-1}
 
-fail() { echo "bench-cuda-one-gpu: $*" >&2; exit 1; }
-command -v nvidia-smi >/dev/null || fail "nvidia-smi missing: this needs an NVIDIA GPU"
+command -v nvidia-smi >/dev/null || die "nvidia-smi missing: this needs an NVIDIA GPU"
 for mode in $MODES; do
     case "$mode" in
         gpu | host-memory | host) ;;
-        *) fail "MODES: no mode '$mode' (the modes: gpu host-memory host)" ;;
+        *) die "MODES: no mode '$mode' (the modes: gpu host-memory host)" ;;
     esac
 done
-[ -z "$BASELINE" ] || [ -x "$BASELINE" ] || fail "BASELINE=$BASELINE is not an executable pcieipc binary"
-if [ -z "${PCIEIPC:-}" ]; then
-    cargo build --release -q -p pcieipc-cli
-    PCIEIPC=target/release/pcieipc
-fi
-for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-
-work=$(mktemp -d)
-cleanup() { rm -rf "$work"; }
-if [ "$MPS" = 1 ]; then
-    command -v nvidia-cuda-mps-control >/dev/null || fail "nvidia-cuda-mps-control missing (MPS=0 runs without MPS)"
-    export CUDA_MPS_PIPE_DIRECTORY="$work/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$work/mps-log"
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d || fail "starting the MPS daemon failed"
-    cleanup() { echo quit | nvidia-cuda-mps-control; rm -rf "$work"; }
-fi
-trap cleanup EXIT
+[ -z "$BASELINE" ] || [ -x "$BASELINE" ] || die "BASELINE=$BASELINE is not an executable pcieipc binary"
+PCIEIPC=$(pcieipc_command)
+add_cuda_libraries
+use_work_dir
+[ "$MPS" = 0 ] || start_mps_daemon
 
 gpus=$(printf '0,%.0s' $(seq "$NRANKS"))
 echo "# $(nvidia-smi -L | head -1); $NRANKS ranks on GPU 0$([ "$MPS" = 1 ] && echo ", under MPS")"

@@ -12,8 +12,8 @@
 #     ratio of their busbw: a before/after from one run, with the same noise
 #   REPEAT=3 ITERS=20 WARMUP=5
 # Needs: python3 with torch (CUDA build) and torchrun, nvidia-smi.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
+cd "$REPO_ROOT"
 
 REPEAT=${REPEAT:-3}
 ITERS=${ITERS:-20}
@@ -37,13 +37,8 @@ if [ -n "$BASELINE" ] && [ ! -x "$BASELINE" ]; then
     exit 1
 fi
 
-if [ -z "${PCIEIPC:-}" ]; then
-    cargo build --release -q -p pcieipc-cli
-    PCIEIPC=target/release/pcieipc
-fi
-for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
+PCIEIPC=$(pcieipc_command)
+add_cuda_libraries
 export NCCL_NVLS_ENABLE=0
 
 work=$(mktemp -d)

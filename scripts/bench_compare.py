@@ -772,6 +772,13 @@ def self_test():
         lines = [line for line in out.getvalue().splitlines() if not line.startswith("# bench JSON not validated")]
         return status, lines, err.getvalue(), behind
 
+    def raises(label, call, message):
+        try:
+            call()
+            failures.append(f"{label}: no error")
+        except Broken as error:
+            expect(label, str(error), message)
+
     def has(label, lines, line):
         if line not in lines:
             failures.append(f"{label}: no line {line!r} in:\n" + "\n".join(lines))
@@ -832,11 +839,8 @@ def self_test():
     same_as("nccl --baseline", lines, "nccl", "expected-baseline.txt")
     status, lines, err, _ = run("wrong", "nccl", "--repeat", "1", "--ngpus", "2")
     expect("wrong: a pcieipc run that found wrong values", (status, err), (1, "pcieipc bench reported 4 wrong values\n"))
-    try:
-        nccl_output(os.path.join(FIXTURES, "wrong", "nccl-1.jsonl"))
-        failures.append("wrong: NCCL's wrong values were taken")
-    except Broken as error:
-        expect("wrong: NCCL's wrong values", str(error), "NCCL all_reduce gave 3 wrong values")
+    raises("wrong: NCCL's wrong values", lambda: nccl_output(os.path.join(FIXTURES, "wrong", "nccl-1.jsonl")),
+           "NCCL all_reduce gave 3 wrong values")
 
     # One GPU (hand-made, REPEAT=3): medians of three per mode, the link's
     # limit and use through host memory, none peer to peer; ratios of the
@@ -855,11 +859,8 @@ def self_test():
     same_as("one-gpu --baseline", lines, "one-gpu", "expected-baseline.txt")
     status, lines, err, _ = run("one-gpu", "one-gpu", "--repeat", "3", "--modes", "host")
     expect("one-gpu: a mode that was not run", (status, err), (1, "pcieipc: no pcieipc-host-1.json (that run was not made)\n"))
-    try:
-        cuda_output(os.path.join(FIXTURES, "wrong", "pcieipc-1.json"), "pcieipc")
-        failures.append("one-gpu: a run's wrong values were taken")
-    except Broken as error:
-        expect("one-gpu: a run's wrong values", str(error), "pcieipc bench reported 4 wrong values")
+    raises("one-gpu: a run's wrong values", lambda: cuda_output(os.path.join(FIXTURES, "wrong", "pcieipc-1.json"), "pcieipc"),
+           "pcieipc bench reported 4 wrong values")
 
     # Tracing (hand-made text tables, REPEAT=3): medians of three, 8 B by time.
     status, lines, err, _ = run("trace-overhead", "trace-overhead", "--repeat", "3")

@@ -26,7 +26,38 @@ stop_started_and_remove_work() {
     local pid
     for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${started[@]}"; do wait "$pid" 2>/dev/null || true; done
+    if [ "${mps_started:-0}" = 1 ]; then echo quit | nvidia-cuda-mps-control >/dev/null || true; fi
     rm -rf "$work"
+}
+
+# An MPS daemon of the script's own, its pipe and log in $work (use_work_dir
+# first), quit when the script exits: ranks sharing one GPU then run side by
+# side instead of time-sliced.
+start_mps_daemon() {
+    command -v nvidia-cuda-mps-control >/dev/null || die "nvidia-cuda-mps-control is not here (MPS)"
+    export CUDA_MPS_PIPE_DIRECTORY="$work/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$work/mps/log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || die "starting the MPS daemon failed (log: $CUDA_MPS_LOG_DIRECTORY)"
+    mps_started=1
+}
+
+# CUDA installs often keep libnvrtc outside the loader's path: their library
+# directories go in front of LD_LIBRARY_PATH.
+add_cuda_libraries() {
+    local lib
+    for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+        if [ -d "$lib" ]; then export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+    done
+}
+
+# The pcieipc a benchmark runs: $PCIEIPC when set, else this tree's, built.
+pcieipc_command() {
+    if [ -n "${PCIEIPC:-}" ]; then
+        echo "$PCIEIPC"
+        return
+    fi
+    cargo build --release -q -p pcieipc-cli >&2 || die "building pcieipc (cargo build -p pcieipc-cli) failed"
+    echo "$REPO_ROOT/target/release/pcieipc"
 }
 
 # check WHAT COMMAND...: runs COMMAND and prints `PASS: WHAT` or `FAIL: WHAT`;

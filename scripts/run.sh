@@ -38,9 +38,7 @@ if command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -
     # machine two ranks share it.
     nranks=$(( gpus >= 2 ? gpus : 2 ))
     log "pcieipc bench over this machine's $gpus GPU(s): CUDA transport, $nranks ranks, 8 B to 256 MiB, results checked"
-    for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-        [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    done
+    add_cuda_libraries
     pcieipc bench --transport cuda --nranks "$nranks" -b 8 -e 256M -f 8 -n 20 -w 5 -c 1
 fi
 

@@ -71,19 +71,10 @@ run() {
     python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
         >"$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/machine-python.pth"
     log "installed $(basename "$wheel") into a fresh virtual environment: $("$pcieipc" --version | head -1)"
-    # libnvrtc is often outside the loader path in CUDA installs.
-    for cuda_lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-        [ -d "$cuda_lib" ] && export LD_LIBRARY_PATH="$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    done
+    add_cuda_libraries
     if [ "${PCIEIPC_GPU_MPS:-0}" = 1 ]; then
-        command -v nvidia-cuda-mps-control >/dev/null || die "PCIEIPC_GPU_MPS=1 but nvidia-cuda-mps-control is not here"
-        local mps_dir
-        mps_dir="$(mktemp -d)"
-        export CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" CUDA_MPS_LOG_DIRECTORY="$mps_dir/log"
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        nvidia-cuda-mps-control -d || die "starting the MPS daemon failed (log: $CUDA_MPS_LOG_DIRECTORY)"
-        trap 'echo quit | nvidia-cuda-mps-control; rm -rf "'"$mps_dir"'"; stop_started_and_remove_work' EXIT
-        log "ranks share GPU 0 under MPS (daemon in $mps_dir)"
+        start_mps_daemon
+        log "ranks share GPU 0 under MPS (daemon in $work/mps)"
     fi
     local skipped=""
     for step in cargo benches python; do
