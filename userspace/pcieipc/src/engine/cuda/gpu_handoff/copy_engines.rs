@@ -7,30 +7,20 @@
 //! the communicator's own, forked from the caller's stream and joined back
 //! into it, so calls stay stream-ordered and can be captured in a graph.
 //!
-//! Per chunk of a launch (`plan::CopyChunks`), rank r:
-//! - to the host (one stream): r's part of each owner's segment into that
-//!   owner's inbox, then flag 0 of the chunk; later, once the chunk of r's
-//!   own segment is reduced, the result into every peer's result slot, then
-//!   flag 1;
-//! - from the host (the other): wait for every peer's flag 0, their parts
-//!   of r's segment into device staging, reduce into r's output; wait for
-//!   every peer's flag 1, their results into r's output.
-//!
-//! So the chunk after a chunk is pushed while that one is pulled and
-//! reduced: both directions of the link are busy. The copies take fixed
-//! slots (the host cannot know the launch's parity, which the GPU counts),
-//! so the ranks meet at the start and the end of a launch: no peer is still
-//! reading a slot from the launch before, or about to read one of this.
+//! What a rank queues, and in what order, is `copy_program`'s: this file
+//! turns its steps into driver calls on the communicator's streams and
+//! events, at the launch's addresses.
 
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 
+use super::copy_program::{self, Address, Lane, Mark, Place, Step};
 use super::exchange::Blocks;
-use super::plan::{CopyChunks, MAX_COPY_CHUNKS};
+use super::plan::{CopyChunks, COPY_CHUNK_BYTES, MAX_COPY_CHUNKS};
 use crate::engine::cuda::error::CudaError;
 use crate::engine::cuda::gpu::Gpu;
-use crate::engine::cuda::kernels::{CopyFlag, ExchangeArg, HandoffLaunch, Kernel};
+use crate::engine::cuda::kernels::{ExchangeArg, HandoffLaunch, Kernel};
 use crate::engine::cuda::memory::DeviceBuffer;
 
 /// The streams, events and device staging of a rank's copy-engine launches.
@@ -47,33 +37,6 @@ pub(super) struct CopyEngines {
     from_host_done: CudaEvent,
     /// A window per rank: the peers' parts of this rank's segment.
     staging: DeviceBuffer<u8>,
-}
-
-/// One launch's geometry, as the copies address it.
-struct Geometry<'a> {
-    launch: &'a HandoffLaunch,
-    chunks: CopyChunks,
-    element: usize,
-    rank: usize,
-    nranks: usize,
-}
-
-impl Geometry<'_> {
-    /// Chunk `index` of `rank`'s segment: its byte offset in the launch's
-    /// buffers, its byte offset in that segment's slot, and its bytes.
-    fn chunk(&self, rank: usize, index: usize) -> (u64, u64, usize) {
-        let range = self.chunks.chunk(self.launch, rank, index);
-        let in_segment = range.start - self.launch.segments.start[rank] as usize;
-        (
-            (range.start * self.element) as u64,
-            (in_segment * self.element) as u64,
-            range.len() * self.element,
-        )
-    }
-
-    fn peers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.nranks).filter(|&peer| peer != self.rank)
-    }
 }
 
 impl CopyEngines {
@@ -111,86 +74,68 @@ impl CopyEngines {
         window: usize,
     ) -> Result<(), CudaError> {
         let (rank, nranks) = (exchange.rank as usize, exchange.nranks as usize);
-        let geometry = Geometry {
-            launch,
-            chunks: CopyChunks::of(launch, nranks, element),
-            element,
-            rank,
-            nranks,
+        let chunks = CopyChunks::of(launch, nranks, element, COPY_CHUNK_BYTES);
+        let lane = |lane| match lane {
+            Lane::Caller => stream.as_ref(),
+            Lane::ToHost => self.to_host.as_ref(),
+            Lane::FromHost => self.from_host.as_ref(),
         };
-        let (to_host, from_host) = (&self.to_host, &self.from_host);
-        self.record(&self.forked, stream)?;
-        self.wait(to_host, &self.forked)?;
-        self.wait(from_host, &self.forked)?;
-        kernel.copies_flag(CopyFlag::Meet, to_host, exchange, 0, 0)?;
-        let count = geometry.chunks.count;
-        // Pushes: r's part of each owner's segment into the owner's inbox.
-        for index in 0..count {
-            for owner in geometry.peers() {
-                let (offset, in_slot, bytes) = geometry.chunk(owner, index);
-                let inbox = blocks.inbox(owner, rank, window) + in_slot;
-                self.copy(to_host, inbox, launch.src + offset, bytes)?;
-            }
-            kernel.copies_flag(CopyFlag::Signal, to_host, exchange, 0, index as u32)?;
-        }
-        // Pulls and reductions of r's own segment.
+        let event = |mark| match mark {
+            Mark::Forked => &self.forked,
+            Mark::Reduced(index) => &self.reduced[index],
+            Mark::ToHostDone => &self.to_host_done,
+            Mark::FromHostDone => &self.from_host_done,
+        };
         let staging = self.staging.address();
-        for index in 0..count {
-            kernel.copies_flag(CopyFlag::Await, from_host, exchange, 0, index as u32)?;
-            let (offset, in_slot, bytes) = geometry.chunk(rank, index);
-            for peer in geometry.peers() {
-                let staged = staging + (peer * window) as u64 + in_slot;
-                self.copy(
-                    from_host,
-                    staged,
-                    blocks.inbox(rank, peer, window) + in_slot,
+        let address = |at: Address| {
+            at.offset
+                + match at.place {
+                    Place::Input => launch.src,
+                    Place::Output => launch.dst,
+                    Place::Staging { peer } => staging + (peer * window) as u64,
+                    Place::Inbox { at, sender } => blocks.inbox(at, sender, window),
+                    Place::Results { at, owner } => blocks.results(at, owner, nranks, window),
+                }
+        };
+        for step in copy_program::program(launch, chunks, element, rank, nranks) {
+            match step {
+                Step::Record(on, mark) => self.record(event(mark), lane(on))?,
+                Step::Wait(on, mark) => self.wait(lane(on), event(mark))?,
+                Step::Copy {
+                    lane: on,
+                    to,
+                    from,
                     bytes,
-                )?;
-            }
-            kernel.copies_reduce(
-                from_host,
-                launch.dst + offset,
-                launch.src + offset,
-                staging + in_slot,
-                bytes / element,
-                launch.divide_by,
-                exchange,
-            )?;
-            self.record(&self.reduced[index], from_host)?;
-        }
-        // Results out, as each chunk is reduced.
-        for index in 0..count {
-            self.wait(to_host, &self.reduced[index])?;
-            let (offset, in_slot, bytes) = geometry.chunk(rank, index);
-            for peer in geometry.peers() {
-                let slot = blocks.results(peer, rank, nranks, window) + in_slot;
-                self.copy(to_host, slot, launch.dst + offset, bytes)?;
-            }
-            kernel.copies_flag(CopyFlag::Signal, to_host, exchange, 1, index as u32)?;
-        }
-        // The owners' results in.
-        for index in 0..count {
-            kernel.copies_flag(CopyFlag::Await, from_host, exchange, 1, index as u32)?;
-            for owner in geometry.peers() {
-                let (offset, in_slot, bytes) = geometry.chunk(owner, index);
-                let slot = blocks.results(rank, owner, nranks, window) + in_slot;
-                self.copy(from_host, launch.dst + offset, slot, bytes)?;
+                } => self.copy(lane(on), address(to), address(from), bytes)?,
+                Step::Flag {
+                    lane: on,
+                    flag,
+                    phase,
+                    slot,
+                } => kernel.copies_flag(flag, lane(on), exchange, phase, slot)?,
+                Step::Reduce {
+                    lane: on,
+                    offset,
+                    in_slot,
+                    elements,
+                } => kernel.copies_reduce(
+                    lane(on),
+                    launch.dst + offset,
+                    launch.src + offset,
+                    staging + in_slot,
+                    elements,
+                    launch.divide_by,
+                    exchange,
+                )?,
             }
         }
-        kernel.copies_flag(CopyFlag::Meet, from_host, exchange, 1, 0)?;
-        self.record(&self.to_host_done, to_host)?;
-        self.record(&self.from_host_done, from_host)?;
-        self.wait(stream, &self.to_host_done)?;
-        self.wait(stream, &self.from_host_done)
+        Ok(())
     }
 
     /// Queues a copy of `bytes` on `stream` between two addresses of the
     /// unified address space (device memory, or the registered exchange
     /// blocks: the driver tells which from the addresses).
     fn copy(&self, stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
-        if bytes == 0 {
-            return Ok(());
-        }
         // SAFETY: `dst` and `src` are inside the call's buffers (the caller's
         // promise, `GpuCall`), the staging buffer or the exchange blocks, all
         // of which outlive the stream's work: the communicator drains its

@@ -39,11 +39,13 @@
 //!
 //! - `exchange`: the blocks (device memory or pinned shared host memory).
 //! - `plan`: what a call launches, from `schedule`.
-//! - `copy_engines`: the copy engines' launches through host memory.
+//! - `copy_program`: what a rank queues for a launch by the copy engines,
+//!   checked in a model of streams and flags; `copy_engines` queues it.
 //! - `report`: where kernels report a failure, and what it says.
 //! - `watchdog`: a peer's exit written into that report.
 
 mod copy_engines;
+mod copy_program;
 mod exchange;
 mod plan;
 mod report;

@@ -42,7 +42,7 @@ const COPY_ENGINE_MIN_BYTES: usize = 4 << 20;
 /// while. On one H200, two ranks, 64 MiB calls: 0.32 of the link's limit in
 /// chunks of 256 KiB, 0.47 in 512 KiB, 0.69 in 1 MiB, 0.80 in 2 MiB, 0.85
 /// in 4 MiB.
-const COPY_CHUNK_BYTES: usize = 4 << 20;
+pub(super) const COPY_CHUNK_BYTES: usize = 4 << 20;
 
 /// Chunks of one copy-engine launch at most: flag slots 0 to 62 (the last
 /// of the 64 is the launch's meetings, `handoff_copies.cu`).
@@ -74,15 +74,21 @@ pub(super) struct CopyChunks {
 
 impl CopyChunks {
     /// The chunks of `launch` (two-shot) among `nranks` ranks, elements of
-    /// `element` bytes.
-    pub(super) fn of(launch: &HandoffLaunch, nranks: usize, element: usize) -> CopyChunks {
+    /// `element` bytes, each about `chunk_bytes` (`COPY_CHUNK_BYTES`; the
+    /// tests take smaller ones).
+    pub(super) fn of(
+        launch: &HandoffLaunch,
+        nranks: usize,
+        element: usize,
+        chunk_bytes: usize,
+    ) -> CopyChunks {
         let vector = (VECTOR_BYTES / element).max(1);
         let longest = (0..nranks)
             .map(|rank| launch.segments.start[rank + 1] - launch.segments.start[rank])
             .max()
             .unwrap_or(0) as usize;
         let count = (longest * element)
-            .div_ceil(COPY_CHUNK_BYTES)
+            .div_ceil(chunk_bytes)
             .clamp(1, MAX_COPY_CHUNKS);
         let elements = longest.div_ceil(count).div_ceil(vector).max(1) * vector;
         CopyChunks { count, elements }
@@ -357,7 +363,7 @@ mod tests {
                 for count in [1, 37, (1 << 20) / element + 3, nranks * window / element] {
                     let call = all_reduce(dtype, count);
                     for launch in launches(&call, Algorithm::Direct, nranks, window) {
-                        let chunks = CopyChunks::of(&launch, nranks, element);
+                        let chunks = CopyChunks::of(&launch, nranks, element, COPY_CHUNK_BYTES);
                         assert!((1..=MAX_COPY_CHUNKS).contains(&chunks.count), "{chunks:?}");
                         assert_eq!(chunks.elements % vector, 0, "{chunks:?}");
                         for rank in 0..nranks {
