@@ -668,7 +668,7 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
         steps.into_iter().filter(|step| !first(step)).collect()
     }
     fn no_fork(steps: Vec<Step>) -> Vec<Step> {
-        let fork = |step: &Step| matches!(step, Step::Wait(Lane::ToHost, Mark::Forked));
+        let fork = |step: &Step| matches!(step, Step::Wait(_, Mark::Forked));
         steps.into_iter().filter(|step| !fork(step)).collect()
     }
     let job = Job {
@@ -695,7 +695,7 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
         ),
         ("the caller's stream not joined", caller_not_joined),
         ("a flag raised before its pushes", flag_before_its_pushes),
-        ("the pushes not forked from the caller", no_fork),
+        ("the lanes not forked from the caller", no_fork),
     ] {
         assert!(
             first_failure(job, edit, 200).is_some(),
