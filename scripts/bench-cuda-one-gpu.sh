@@ -11,6 +11,8 @@
 # Usage: scripts/bench-cuda-one-gpu.sh
 #   PCIEIPC=path/to/pcieipc (default: target/release/pcieipc, built if cargo is here)
 #   BASELINE=path/to/another/pcieipc
+#   ARGS="--copy-chunk 1M", BASELINE_ARGS=...: more flags for either side's
+#   bench (the same binary as BASELINE with other ARGS compares settings)
 #   MODES="gpu host-memory host" (which paths), NRANKS=2, REPEAT=3, ITERS=20,
 #   WARMUP=5, MIN_BYTES=8, MAX_BYTES=268435456, FACTOR=4
 #   MPS=0: no MPS daemon of the script's own (one is already running, or the
@@ -28,6 +30,8 @@ MIN_BYTES=${MIN_BYTES:-8}
 MAX_BYTES=${MAX_BYTES:-268435456}
 FACTOR=${FACTOR:-4}
 BASELINE=${BASELINE:-}
+ARGS=${ARGS:-}
+BASELINE_ARGS=${BASELINE_ARGS:-}
 MPS=${MPS:-1}
 
 command -v nvidia-smi >/dev/null || die "nvidia-smi missing: this needs an NVIDIA GPU"
@@ -46,7 +50,8 @@ use_work_dir
 gpus=$(printf '0,%.0s' $(seq "$NRANKS"))
 echo "# $(nvidia-smi -L | head -1); $NRANKS ranks on GPU 0$([ "$MPS" = 1 ] && echo ", under MPS")"
 echo "# pcieipc: $PCIEIPC, $("$PCIEIPC" --version | head -1)"
-[ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version | head -1)"
+[ -z "$ARGS" ] || echo "# pcieipc's flags: $ARGS"
+[ -z "$BASELINE" ] || echo "# baseline: $BASELINE, $("$BASELINE" --version | head -1)${BASELINE_ARGS:+, flags: $BASELINE_ARGS}"
 
 flags() {
     case "$1" in
@@ -58,10 +63,10 @@ flags() {
 for run in $(seq "$REPEAT"); do
     for mode in $MODES; do
         for side in pcieipc ${BASELINE:+baseline}; do
-            binary=$PCIEIPC
-            [ "$side" = pcieipc ] || binary=$BASELINE
-            # shellcheck disable=SC2046 # the mode's flags are words
-            "$binary" bench --transport cuda --nranks "$NRANKS" --gpus "${gpus%,}" $(flags "$mode") \
+            binary=$PCIEIPC side_args=$ARGS
+            [ "$side" = pcieipc ] || binary=$BASELINE side_args=$BASELINE_ARGS
+            # shellcheck disable=SC2046,SC2086 # the mode's and the side's flags are words
+            "$binary" bench --transport cuda --nranks "$NRANKS" --gpus "${gpus%,}" $(flags "$mode") $side_args \
                 -b "$MIN_BYTES" -e "$MAX_BYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1 --json \
                 >"$work/$side-$mode-$run.json"
         done

@@ -215,9 +215,14 @@ impl Collective for CudaCommunicator {
                 PeerRead::Direct => "peer-to-peer, direct reads".to_owned(),
                 PeerRead::CopyEngine => "peer-to-peer, copy-engine reads".to_owned(),
             },
-            DataPath::HostMapped { reason } => {
-                format!("through pinned shared host memory ({reason})")
-            }
+            DataPath::HostMapped { reason } => match self.copy_engine_plan() {
+                Some(plan) => format!(
+                    "through pinned shared host memory ({reason}), by the copy engines from {} B \
+                     in chunks of {} B",
+                    plan.from_bytes, plan.chunk_bytes
+                ),
+                None => format!("through pinned shared host memory ({reason})"),
+            },
             DataPath::HostStaged { reason } => format!("host-staged ({reason})"),
         };
         let handoff = match self.handoff_blocks() {

@@ -170,6 +170,18 @@ pub struct Args {
     /// a multiprocessor, up to 64.
     #[arg(long, value_name = "1..64", value_parser = clap::value_parser!(u32).range(1..=64))]
     handoff_blocks: Option<u32>,
+    /// With --transport cuda on the GPU hand-off through host memory (--p2p
+    /// off): the two-shot launches of this many bytes and more move by the
+    /// GPU's copy engines, smaller ones by the kernels' loads and stores;
+    /// `never`: always the kernels. Default: 4M.
+    #[arg(long, value_name = "BYTES|never", value_parser = parse_copy_engines_from)]
+    copy_engines_from: Option<usize>,
+    /// With --transport cuda on the GPU hand-off through host memory, by the
+    /// copy engines: about how many bytes of each rank's segment move
+    /// between two of its flags (16 to 1G; at most 63 chunks a launch).
+    /// Default: 4M.
+    #[arg(long, value_name = "BYTES", value_parser = parse_copy_chunk)]
+    copy_chunk: Option<usize>,
     /// With --transport cuda on the GPU hand-off: capture the timed calls in
     /// a CUDA graph and time one replay of it (nccl-tests' -G).
     #[arg(short = 'G', long)]
@@ -250,6 +262,20 @@ fn parse_streaming_stores(text: &str) -> Result<StreamingStores, String> {
         "off" => Ok(StreamingStores::Off),
         bytes => parse_bytes(bytes).map(StreamingStores::From),
     }
+}
+
+fn parse_copy_engines_from(text: &str) -> Result<usize, String> {
+    match text {
+        "never" => Ok(usize::MAX),
+        bytes => parse_bytes(bytes),
+    }
+}
+
+fn parse_copy_chunk(text: &str) -> Result<usize, String> {
+    parse_bytes(text).and_then(|bytes| match bytes {
+        16..=0x4000_0000 => Ok(bytes),
+        _ => Err(format!("{text:?}: a copy-engine chunk is 16 bytes to 1G")),
+    })
 }
 
 fn parse_bytes(text: &str) -> Result<usize, String> {
@@ -536,6 +562,8 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                     },
                     handoff_window: args.handoff_window,
                     handoff_blocks: args.handoff_blocks,
+                    copy_engines_from: args.copy_engines_from,
+                    copy_chunk_bytes: args.copy_chunk,
                     ..defaults
                 },
             )
@@ -1348,5 +1376,19 @@ mod tests {
         );
         assert!(parse_streaming_stores("sometimes").is_err());
         assert!(parse_streaming_stores("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn copy_engine_settings_parse_sizes_never_and_refuse_chunks_out_of_range() {
+        assert_eq!(parse_copy_engines_from("never"), Ok(usize::MAX));
+        assert_eq!(parse_copy_engines_from("0"), Ok(0));
+        assert_eq!(parse_copy_engines_from("2M"), Ok(2 << 20));
+        assert!(parse_copy_engines_from("always").is_err());
+        assert_eq!(parse_copy_chunk("16"), Ok(16));
+        assert_eq!(parse_copy_chunk("1M"), Ok(1 << 20));
+        assert_eq!(parse_copy_chunk("1G"), Ok(1 << 30));
+        for refused in ["15", "0", "2G", "never"] {
+            assert!(parse_copy_chunk(refused).is_err(), "{refused}");
+        }
     }
 }

@@ -953,6 +953,62 @@ fn a_smaller_grid_is_agreed_and_exact(role: Role) {
     }
 }
 
+/// Rank 0's copy-engine settings hold for every rank (the others ask for
+/// none): every two-shot launch through host memory goes by the copy
+/// engines, in chunks of 4 KiB, so small calls take many chunks, the last
+/// ones short or empty, and larger ones the most a launch has (63), every
+/// dtype's tails included, in and out of place.
+fn copy_engines_in_small_chunks_are_agreed_and_exact(role: Role) {
+    let asked = (role.rank == 0).then_some((0, 4 << 10));
+    let mut comm = join_handed_off(
+        &role,
+        "copy-chunks",
+        CudaOptions {
+            copy_engines_from: asked.map(|(from, _)| from),
+            copy_chunk_bytes: asked.map(|(_, chunk)| chunk),
+            ..host_memory_options(AlgorithmChoice::Fixed(Algorithm::Direct))
+        },
+    );
+    let plan = comm.copy_engine_plan().expect("through host memory");
+    assert_eq!(
+        (plan.from_bytes, plan.chunk_bytes),
+        (0, 4 << 10),
+        "rank {}",
+        role.rank
+    );
+    let mut failures = Vec::new();
+    for dtype in DType::ALL {
+        for count in [1, role.nranks + 1, 7919, (1 << 20) + 3] {
+            for op in [ReduceOp::Sum, ReduceOp::Max] {
+                if let Err(failure) = check_dtype(&mut comm, dtype, count, op) {
+                    failures.push(format!("{dtype:?} {op:?} {count}: {failure}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "rank {}: {failures:?}", role.rank);
+}
+
+#[test]
+fn copy_engines_in_small_chunks_are_agreed_and_exact_with_2_ranks() {
+    run_ranks(
+        "copy_engines_in_small_chunks_are_agreed_and_exact_with_2_ranks",
+        2,
+        LIMIT,
+        copy_engines_in_small_chunks_are_agreed_and_exact,
+    );
+}
+
+#[test]
+fn copy_engines_in_small_chunks_are_agreed_and_exact_with_3_ranks() {
+    run_ranks(
+        "copy_engines_in_small_chunks_are_agreed_and_exact_with_3_ranks",
+        3,
+        LIMIT,
+        copy_engines_in_small_chunks_are_agreed_and_exact,
+    );
+}
+
 #[test]
 fn a_smaller_grid_is_agreed_and_exact_with_2_ranks() {
     run_ranks(

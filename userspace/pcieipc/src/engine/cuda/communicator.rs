@@ -26,7 +26,7 @@ use super::gpu_handoff::GpuHandoff;
 use super::host_handoff::HostHandoff;
 use super::host_link::{self, HostLinks};
 use super::memory::DeviceBuffer;
-use super::options::{DataPath, PeerRead};
+use super::options::{CopyEnginePlan, DataPath, PeerRead};
 use super::registration::Registrations;
 use crate::engine::{Algorithm, CallDescriptor, Communicator, Element, EngineError};
 
@@ -150,6 +150,15 @@ impl CudaCommunicator {
     /// rank proposed), `None` on the host hand-off.
     pub fn handoff_blocks(&self) -> Option<u32> {
         self.gpu_handoff.as_ref().map(GpuHandoff::blocks)
+    }
+
+    /// Through host memory on the GPU hand-off, which launches the copy
+    /// engines move and in what chunks; `None` elsewhere, and where they
+    /// move none (`copy_engines_from` never).
+    pub fn copy_engine_plan(&self) -> Option<CopyEnginePlan> {
+        self.gpu_handoff
+            .as_ref()
+            .and_then(GpuHandoff::copy_engine_plan)
     }
 
     /// The last call's descriptor (chunk_bytes 0 on the one-shot path,

@@ -10,7 +10,10 @@ use super::agreement::{agree, highest_failing_rank};
 use super::communicator::CudaCommunicator;
 use super::error::on_rank;
 use super::gpu::Gpu;
-use super::gpu_handoff::{ExchangeMemory, GpuHandoff, HandoffSettings};
+use super::gpu_handoff::{
+    ExchangeMemory, GpuHandoff, HandoffSettings, DEFAULT_COPY_CHUNK_BYTES,
+    DEFAULT_COPY_ENGINES_FROM,
+};
 use super::host_handoff::HostHandoff;
 use super::ipc::HANDLE_WORDS;
 use super::kernels::{HANDOFF_BLOCKS, HANDOFF_MAX_RANKS};
@@ -33,6 +36,9 @@ const MAX_STAGING_SLOT_BYTES: usize = 1 << 30;
 /// The largest one-shot buffer (one-shot budget) a rank accepts from rank 0:
 /// 4096 times the default, bounded for the same reasons.
 const MAX_ONE_SHOT_BYTES: usize = 1 << 30;
+
+/// Rank 0's word for "through host memory, never by the copy engines".
+const COPY_ENGINES_NEVER: i64 = -1;
 
 /// Rank 0's `word` of staging bytes when within `0..=max`, rounded up to a
 /// multiple of 16 (at least 16), which keeps chunk boundaries on the
@@ -82,11 +88,24 @@ impl CudaCommunicator {
         let err = on_rank(rank);
         // Rank 0's geometry and hand-off: every rank computes offsets in its
         // peers' blocks, and all must take the same path.
+        let copy_engines_from = match options
+            .copy_engines_from
+            .unwrap_or(DEFAULT_COPY_ENGINES_FROM)
+        {
+            usize::MAX => COPY_ENGINES_NEVER,
+            bytes => i64::try_from(bytes).unwrap_or(i64::MAX),
+        };
         let mut geometry = [
             options.chunk_bytes as i64,
             options.one_shot_read_budget as i64,
             window as i64,
             options.handoff as i64,
+            copy_engines_from,
+            options
+                .copy_chunk_bytes
+                .unwrap_or(DEFAULT_COPY_CHUNK_BYTES)
+                .try_into()
+                .unwrap_or(i64::MAX),
         ];
         control.broadcast(&mut geometry, 0)?;
         let refused = |reason: String| EngineError::RendezvousProtocol {
@@ -105,6 +124,23 @@ impl CudaCommunicator {
                 refused(format!(
                     "hand-off window of {} bytes (a multiple of 16 up to {MAX_HANDOFF_WINDOW})",
                     geometry[2]
+                ))
+            })?;
+        let copy_engines_from = match geometry[4] {
+            COPY_ENGINES_NEVER => usize::MAX,
+            word => usize::try_from(word).map_err(|_| {
+                refused(format!(
+                    "copy engines from {word} bytes (0 or more, or {COPY_ENGINES_NEVER}: never)"
+                ))
+            })?,
+        };
+        let copy_chunk_bytes = usize::try_from(geometry[5])
+            .ok()
+            .filter(|bytes| (16..=MAX_HANDOFF_WINDOW).contains(bytes))
+            .ok_or_else(|| {
+                refused(format!(
+                    "copy-engine chunk of {} bytes (16 to {MAX_HANDOFF_WINDOW})",
+                    geometry[5]
                 ))
             })?;
         // Every rank allocates its staging block from these sizes and reads
@@ -221,6 +257,8 @@ impl CudaCommunicator {
                 timeout: options.handoff_timeout,
                 algorithm: options.algorithm,
                 one_shot_bytes: layout.one_shot_bytes(),
+                copy_engines_from,
+                copy_chunk_bytes,
             };
             let outcome = GpuHandoff::open(&gpu, &mut control, settings);
             match agree(&mut control, outcome)? {

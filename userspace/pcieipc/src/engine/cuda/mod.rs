@@ -46,4 +46,4 @@ pub use error::{CudaError, BACKEND};
 pub use gpu::Gpu;
 pub use host_link::{HostLink, HostLinkRate, HostLinks, MEASURED_COPIES, MEASURED_COPY_BYTES};
 pub use memory::DeviceBuffer;
-pub use options::{CudaOptions, DataPath, Handoff, PeerRead, PeerToPeer};
+pub use options::{CopyEnginePlan, CudaOptions, DataPath, Handoff, PeerRead, PeerToPeer};

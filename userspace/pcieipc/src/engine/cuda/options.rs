@@ -79,6 +79,18 @@ pub struct CudaOptions {
     /// `None`: one a multiprocessor, up to 64. The smallest any rank asks
     /// for holds (every rank's launches must be resident together).
     pub handoff_blocks: Option<u32>,
+    /// GPU hand-off through host memory: a two-shot launch of at least this
+    /// many bytes moves by the copy engines, a smaller one by the kernels'
+    /// loads and stores. `None`: 4 MiB (where the copy engines overtook the
+    /// kernels on one H200); `Some(usize::MAX)`: never. Rank 0's value is
+    /// used.
+    pub copy_engines_from: Option<usize>,
+    /// GPU hand-off through host memory, by the copy engines: about how many
+    /// bytes of each rank's segment move between two of its flags (at most
+    /// 63 chunks a launch; at least 16 bytes, at most 1 GiB). Smaller chunks
+    /// overlap more of the copies each way and pay for more flags. `None`:
+    /// 4 MiB. Rank 0's value is used.
+    pub copy_chunk_bytes: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -95,8 +107,21 @@ impl Default for CudaOptions {
             handoff_window: None,
             handoff_timeout: Duration::from_secs(10),
             handoff_blocks: None,
+            copy_engines_from: None,
+            copy_chunk_bytes: None,
         }
     }
+}
+
+/// Which launches of the GPU hand-off through host memory the copy engines
+/// move, and in what chunks (rank 0's `CudaOptions::copy_engines_from` and
+/// `copy_chunk_bytes`, or their defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyEnginePlan {
+    /// Two-shot launches of this many bytes and more.
+    pub from_bytes: usize,
+    /// About this many bytes of a rank's segment between two flags.
+    pub chunk_bytes: usize,
 }
 
 /// Which hand-off a communicator uses (rank 0's choice holds for all).

@@ -17,7 +17,7 @@ use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 use super::copy_program::{self, Address, Lane, Mark, Place, Step};
 use super::exchange::Blocks;
-use super::plan::{CopyChunks, COPY_CHUNK_BYTES, MAX_COPY_CHUNKS};
+use super::plan::{CopyChunks, MAX_COPY_CHUNKS};
 use crate::engine::cuda::error::CudaError;
 use crate::engine::cuda::gpu::Gpu;
 use crate::engine::cuda::kernels::{ExchangeArg, HandoffLaunch, Kernel};
@@ -37,14 +37,18 @@ pub(super) struct CopyEngines {
     from_host_done: CudaEvent,
     /// A window per rank: the peers' parts of this rank's segment.
     staging: DeviceBuffer<u8>,
+    /// About how many bytes of a segment go between two flags.
+    chunk_bytes: usize,
 }
 
 impl CopyEngines {
-    /// Streams, events and a staging buffer of `nranks` windows.
+    /// Streams, events and a staging buffer of `nranks` windows, for
+    /// chunks of about `chunk_bytes`.
     pub(super) fn new(
         gpu: &Arc<Gpu>,
         nranks: usize,
         window: usize,
+        chunk_bytes: usize,
     ) -> Result<CopyEngines, CudaError> {
         Ok(CopyEngines {
             gpu: gpu.clone(),
@@ -57,7 +61,13 @@ impl CopyEngines {
             to_host_done: gpu.new_event()?,
             from_host_done: gpu.new_event()?,
             staging: DeviceBuffer::zeroed(gpu, nranks * window)?,
+            chunk_bytes,
         })
+    }
+
+    /// About how many bytes of a segment go between two flags.
+    pub(super) fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
     }
 
     /// Queues `launch` (two-shot, segments of at most `window` bytes) after
@@ -74,7 +84,7 @@ impl CopyEngines {
         window: usize,
     ) -> Result<(), CudaError> {
         let (rank, nranks) = (exchange.rank as usize, exchange.nranks as usize);
-        let chunks = CopyChunks::of(launch, nranks, element, COPY_CHUNK_BYTES);
+        let chunks = CopyChunks::of(launch, nranks, element, self.chunk_bytes);
         let lane = |lane| match lane {
             Lane::Caller => stream.as_ref(),
             Lane::ToHost => self.to_host.as_ref(),

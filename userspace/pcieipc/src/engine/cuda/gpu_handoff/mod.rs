@@ -57,12 +57,14 @@ use std::time::Duration;
 use cudarc::driver::{CudaEvent, CudaStream};
 
 pub(crate) use exchange::ExchangeMemory;
+pub(super) use plan::{DEFAULT_COPY_CHUNK_BYTES, DEFAULT_COPY_ENGINES_FROM};
 
 use super::call::GpuCall;
 use super::error::{on_rank, CudaError, BACKEND};
 use super::gpu::Gpu;
 use super::kernels::{ExchangeArg, HANDOFF_BLOCKS};
 use super::memory::DeviceBuffer;
+use super::options::CopyEnginePlan;
 use super::tracing::KernelSpans;
 use crate::engine::schedule::Limits;
 use crate::engine::transport::PeerWatch;
@@ -88,6 +90,10 @@ pub(super) struct HandoffSettings {
     pub(super) algorithm: AlgorithmChoice,
     /// The one-shot budget (bytes of a one-shot message).
     pub(super) one_shot_bytes: usize,
+    /// Through host memory: the two-shot launches from this many bytes go
+    /// by the copy engines, in chunks of about `copy_chunk_bytes`.
+    pub(super) copy_engines_from: usize,
+    pub(super) copy_chunk_bytes: usize,
 }
 
 /// A rank's side of the GPU hand-off: the exchange blocks and the state of
@@ -106,6 +112,9 @@ pub(super) struct GpuHandoff {
     blocks: u32,
     /// Through host memory: the copy engines' streams and staging.
     copies: Option<CopyEngines>,
+    /// Through host memory: the two-shot launches from this many bytes go by
+    /// the copy engines (rank 0's choice).
+    copy_engines_from: usize,
     timeout: Duration,
     report: Arc<FailureReport>,
     /// Every rank's pid, to name a peer that exited.
@@ -148,9 +157,10 @@ impl GpuHandoff {
         let blocks_memory = Blocks::open(settings.memory, gpu, control, bytes)?;
         let epochs = DeviceBuffer::<i64>::zeroed(gpu, HANDOFF_BLOCKS).map_err(&err)?;
         let copies = match settings.memory {
-            ExchangeMemory::Host => {
-                Some(CopyEngines::new(gpu, nranks, settings.window).map_err(&err)?)
-            }
+            ExchangeMemory::Host => Some(
+                CopyEngines::new(gpu, nranks, settings.window, settings.copy_chunk_bytes)
+                    .map_err(&err)?,
+            ),
             ExchangeMemory::Device => None,
         };
         let report = Arc::new(FailureReport::new(gpu).map_err(&err)?);
@@ -168,6 +178,7 @@ impl GpuHandoff {
             window: settings.window,
             blocks: settings.blocks,
             copies,
+            copy_engines_from: settings.copy_engines_from,
             timeout: settings.timeout,
             report,
             pids,
@@ -189,6 +200,16 @@ impl GpuHandoff {
     /// The most thread blocks a launch takes.
     pub(super) fn blocks(&self) -> u32 {
         self.blocks
+    }
+
+    /// Which launches the copy engines move, and in what chunks (through
+    /// host memory, unless they move none).
+    pub(super) fn copy_engine_plan(&self) -> Option<CopyEnginePlan> {
+        let copies = self.copies.as_ref()?;
+        (self.copy_engines_from != usize::MAX).then(|| CopyEnginePlan {
+            from_bytes: self.copy_engines_from,
+            chunk_bytes: copies.chunk_bytes(),
+        })
     }
 
     /// The last call's descriptor.
@@ -253,15 +274,17 @@ impl GpuHandoff {
         let element = call.dtype.size_bytes();
         for launch in plan::launches(call, algorithm, self.nranks, self.window) {
             match &self.copies {
-                Some(copies) if plan::by_copy_engines(&launch, element) => copies.queue(
-                    &kernel,
-                    &launch,
-                    element,
-                    &stream,
-                    &argument,
-                    &self.blocks_memory,
-                    self.window,
-                ),
+                Some(copies) if plan::by_copy_engines(&launch, element, self.copy_engines_from) => {
+                    copies.queue(
+                        &kernel,
+                        &launch,
+                        element,
+                        &stream,
+                        &argument,
+                        &self.blocks_memory,
+                        self.window,
+                    )
+                }
                 _ => {
                     let grid = plan::grid(&launch, element, self.blocks);
                     kernel.handoff(&launch, &stream, grid, &argument)

@@ -29,20 +29,21 @@ const VECTOR_BYTES: usize = 16;
 /// MPS).
 const BYTES_PER_BLOCK: usize = 32 << 10;
 
-/// Through host memory, a two-shot launch of at least this many bytes moves
-/// by the copy engines (`copy_engines`); smaller ones by the kernels' loads
-/// and stores, which start sooner: on one H200 (two ranks under MPS) the
-/// kernels moved 2 MiB at 0.46 of the link's limit and the copy engines
-/// 0.38, 4 MiB both about half, 8 MiB and more the copy engines faster.
-const COPY_ENGINE_MIN_BYTES: usize = 4 << 20;
+/// Through host memory, by default a two-shot launch of at least this many
+/// bytes moves by the copy engines (`copy_engines`); smaller ones by the
+/// kernels' loads and stores, which start sooner: on one H200 (two ranks
+/// under MPS) the kernels moved 2 MiB at 0.46 of the link's limit and the
+/// copy engines 0.38, 4 MiB both about half, 8 MiB and more the copy engines
+/// faster (`CudaOptions::copy_engines_from`).
+pub(crate) const DEFAULT_COPY_ENGINES_FROM: usize = 4 << 20;
 
-/// Bytes of a copy engines' chunk of one rank's segment, about: the copies of
-/// one chunk overlap the reduction and the copies the other way of the
-/// chunks beside it, but every chunk's flag kernels stall its streams for a
-/// while. On one H200, two ranks, 64 MiB calls: 0.32 of the link's limit in
-/// chunks of 256 KiB, 0.47 in 512 KiB, 0.69 in 1 MiB, 0.80 in 2 MiB, 0.85
-/// in 4 MiB.
-pub(super) const COPY_CHUNK_BYTES: usize = 4 << 20;
+/// Bytes of a copy engines' chunk of one rank's segment, about, by default
+/// (`CudaOptions::copy_chunk_bytes`): the copies of one chunk overlap the
+/// reduction and the copies the other way of the chunks beside it, but
+/// every chunk's flag kernels stall its streams for a while. On one H200,
+/// two ranks, 64 MiB calls: 0.32 of the link's limit in chunks of 256 KiB,
+/// 0.47 in 512 KiB, 0.69 in 1 MiB, 0.80 in 2 MiB, 0.85 in 4 MiB.
+pub(crate) const DEFAULT_COPY_CHUNK_BYTES: usize = 4 << 20;
 
 /// Chunks of one copy-engine launch at most: flag slots 0 to 62 (the last
 /// of the 64 is the launch's meetings, `handoff_copies.cu`).
@@ -57,9 +58,9 @@ pub(super) fn grid(launch: &HandoffLaunch, element: usize, blocks: u32) -> u32 {
 }
 
 /// Whether `launch`, through host memory, goes by the copy engines: a
-/// two-shot launch of at least `COPY_ENGINE_MIN_BYTES`.
-pub(super) fn by_copy_engines(launch: &HandoffLaunch, element: usize) -> bool {
-    launch.kernel == HandoffKernel::TwoShot && launch.elements * element >= COPY_ENGINE_MIN_BYTES
+/// two-shot launch of at least `from_bytes`.
+pub(super) fn by_copy_engines(launch: &HandoffLaunch, element: usize, from_bytes: usize) -> bool {
+    launch.kernel == HandoffKernel::TwoShot && launch.elements * element >= from_bytes
 }
 
 /// How the copy engines cut a two-shot launch: `count` chunks of every
@@ -74,8 +75,7 @@ pub(super) struct CopyChunks {
 
 impl CopyChunks {
     /// The chunks of `launch` (two-shot) among `nranks` ranks, elements of
-    /// `element` bytes, each about `chunk_bytes` (`COPY_CHUNK_BYTES`; the
-    /// tests take smaller ones).
+    /// `element` bytes, each about `chunk_bytes`.
     pub(super) fn of(
         launch: &HandoffLaunch,
         nranks: usize,
@@ -363,7 +363,8 @@ mod tests {
                 for count in [1, 37, (1 << 20) / element + 3, nranks * window / element] {
                     let call = all_reduce(dtype, count);
                     for launch in launches(&call, Algorithm::Direct, nranks, window) {
-                        let chunks = CopyChunks::of(&launch, nranks, element, COPY_CHUNK_BYTES);
+                        let chunks =
+                            CopyChunks::of(&launch, nranks, element, DEFAULT_COPY_CHUNK_BYTES);
                         assert!((1..=MAX_COPY_CHUNKS).contains(&chunks.count), "{chunks:?}");
                         assert_eq!(chunks.elements % vector, 0, "{chunks:?}");
                         for rank in 0..nranks {
@@ -382,8 +383,8 @@ mod tests {
                 }
             }
         }
-        // Through host memory only two-shot launches of COPY_ENGINE_MIN_BYTES
-        // or more go by the copy engines.
+        // Through host memory only two-shot launches of the threshold or
+        // more go by the copy engines.
         let two_shot = |count| {
             launches(
                 &all_reduce(DType::F32, count),
@@ -392,12 +393,12 @@ mod tests {
                 16 << 20,
             )[0]
         };
-        assert!(!by_copy_engines(
-            &two_shot(COPY_ENGINE_MIN_BYTES / 4 - 4),
-            4
-        ));
-        assert!(by_copy_engines(&two_shot(COPY_ENGINE_MIN_BYTES / 4), 4));
-        assert!(!by_copy_engines(&launches_of_count(1 << 20)[0], 4));
+        let from = DEFAULT_COPY_ENGINES_FROM;
+        assert!(!by_copy_engines(&two_shot(from / 4 - 4), 4, from));
+        assert!(by_copy_engines(&two_shot(from / 4), 4, from));
+        assert!(by_copy_engines(&two_shot(1), 4, 0));
+        assert!(!by_copy_engines(&two_shot(64 << 20), 4, usize::MAX));
+        assert!(!by_copy_engines(&launches_of_count(1 << 20)[0], 4, from));
     }
 
     fn launches_of_count(count: usize) -> Vec<HandoffLaunch> {
