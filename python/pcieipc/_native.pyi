@@ -1,6 +1,6 @@
 """Type stubs of pcieipc._native (the Rust extension module)."""
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 DTYPES: list[str]
 OPS: list[str]
@@ -95,6 +95,8 @@ class CudaCommunicator:
         p2p: str = "auto",
         handoff_timeout: float = 10.0,
         handoff_blocks: Optional[int] = None,
+        copy_engines_from: Union[int, str, None] = None,
+        copy_chunk_bytes: Optional[int] = None,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

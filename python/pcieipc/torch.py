@@ -67,6 +67,8 @@ TRANSPORT_ENV = "PCIEIPC_TRANSPORT"
 HANDOFF_ENV = "PCIEIPC_HANDOFF"
 P2P_ENV = "PCIEIPC_P2P"
 HANDOFF_BLOCKS_ENV = "PCIEIPC_HANDOFF_BLOCKS"
+COPY_ENGINES_FROM_ENV = "PCIEIPC_COPY_ENGINES_FROM"
+COPY_CHUNK_ENV = "PCIEIPC_COPY_CHUNK"
 NODE_ENV = "PCIEIPC_NODE"
 
 
@@ -80,6 +82,27 @@ def _handoff_blocks():
         return int(text)
     except ValueError:
         raise InvalidArgument(f"{HANDOFF_BLOCKS_ENV}={text!r}: expected a whole number of thread blocks, 1 to 64") from None
+
+
+_SIZE_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _bytes_env(name, never=False):
+    """A size from the environment as the CUDA communicator takes it: unset
+    is None (its default); bytes with an optional K, M or G, or "never"
+    where `never` allows it; the range is checked there."""
+    text = os.environ.get(name)
+    if text is None:
+        return None
+    if never and text == "never":
+        return "never"
+    digits, scale = text, 1
+    if text[-1:].upper() in _SIZE_SUFFIXES:
+        digits, scale = text[:-1], _SIZE_SUFFIXES[text[-1:].upper()]
+    if not digits.isdigit():
+        expected = "bytes with an optional K, M or G" + (', or "never"' if never else "")
+        raise InvalidArgument(f"{name}={text!r}: expected {expected}")
+    return int(digits) * scale
 
 
 def _op_name(op) -> str:
@@ -467,6 +490,8 @@ class ProcessGroupPcieipc(dist.ProcessGroup):
                 handoff=os.environ.get(HANDOFF_ENV, "auto"),
                 p2p=os.environ.get(P2P_ENV, "auto"),
                 handoff_blocks=_handoff_blocks(),
+                copy_engines_from=_bytes_env(COPY_ENGINES_FROM_ENV, never=True),
+                copy_chunk_bytes=_bytes_env(COPY_CHUNK_ENV),
             )
         elif self._cuda.device != index:
             raise InvalidArgument(

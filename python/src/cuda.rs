@@ -142,6 +142,42 @@ impl Call {
     }
 }
 
+/// Keyword `name`'s `value` when it is None or within `range`.
+fn within(
+    name: &str,
+    value: Option<i64>,
+    range: std::ops::RangeInclusive<i64>,
+    rank: usize,
+) -> PyResult<Option<i64>> {
+    match value {
+        Some(value) if !range.contains(&value) => Err(invalid(
+            format!(
+                "{name} {value}: expected {} to {} (or None)",
+                range.start(),
+                range.end()
+            ),
+            rank,
+        )),
+        _ => Ok(value),
+    }
+}
+
+/// `copy_engines_from` as Python gives it: bytes (0 or more) or "never".
+fn copy_engines_threshold(value: &Bound<'_, PyAny>) -> Result<usize, String> {
+    if let Ok(text) = value.extract::<String>() {
+        if text == "never" {
+            return Ok(usize::MAX);
+        }
+    } else if let Ok(bytes) = value.extract::<u64>() {
+        if let Ok(bytes) = usize::try_from(bytes) {
+            return Ok(bytes);
+        }
+    }
+    Err(format!(
+        "copy_engines_from {value}: expected bytes (0 or more), \"never\" or None"
+    ))
+}
+
 #[pymethods]
 impl CudaCommunicator {
     /// Joins the communicator on GPU `device` (a CUDA ordinal of this
@@ -155,11 +191,15 @@ impl CudaCommunicator {
     /// call fails naming it. `handoff_blocks`: the most thread blocks (1 to
     /// 64) a GPU hand-off launch takes, the multiprocessors its kernels hold
     /// while they wait for peers; `None`: one a multiprocessor, up to 64.
+    /// Through host memory (`p2p="off"`, or no peer-to-peer): two-shot
+    /// all_reduce launches of `copy_engines_from` bytes and more move by the copy
+    /// engines ("never": always by the kernels; `None`: 4 MiB), in chunks of
+    /// about `copy_chunk_bytes` (16 to 1 GiB; `None`: 4 MiB); rank 0's hold.
     /// The rest as for `Communicator`.
     #[new]
     // One argument per keyword of the Python signature.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (rendezvous, rank, nranks, device, *, transport="shm", secret=None, join_timeout=30.0, peer_timeout=60.0, handoff="auto", p2p="auto", handoff_timeout=10.0, handoff_blocks=None))]
+    #[pyo3(signature = (rendezvous, rank, nranks, device, *, transport="shm", secret=None, join_timeout=30.0, peer_timeout=60.0, handoff="auto", p2p="auto", handoff_timeout=10.0, handoff_blocks=None, copy_engines_from=None, copy_chunk_bytes=None))]
     fn new(
         py: Python<'_>,
         rendezvous: &str,
@@ -174,17 +214,17 @@ impl CudaCommunicator {
         p2p: &str,
         handoff_timeout: f64,
         handoff_blocks: Option<i64>,
+        copy_engines_from: Option<&Bound<'_, PyAny>>,
+        copy_chunk_bytes: Option<i64>,
     ) -> PyResult<CudaCommunicator> {
-        let handoff_blocks = match handoff_blocks {
-            None => None,
-            Some(blocks @ 1..=64) => Some(blocks as u32),
-            Some(blocks) => {
-                return Err(invalid(
-                    format!("handoff_blocks {blocks}: expected 1 to 64 (or None)"),
-                    rank,
-                ))
-            }
-        };
+        let copy_engines_from = copy_engines_from
+            .map(copy_engines_threshold)
+            .transpose()
+            .map_err(|message| invalid(message, rank))?;
+        let copy_chunk_bytes =
+            within("copy_chunk_bytes", copy_chunk_bytes, 16..=1 << 30, rank)?.map(|b| b as usize);
+        let handoff_blocks =
+            within("handoff_blocks", handoff_blocks, 1..=64, rank)?.map(|b| b as u32);
         let handoff = match handoff {
             "auto" => Handoff::Auto,
             "gpu" => Handoff::Gpu,
@@ -212,6 +252,8 @@ impl CudaCommunicator {
             peer_to_peer,
             handoff_timeout: seconds(handoff_timeout, "handoff_timeout", rank)?,
             handoff_blocks,
+            copy_engines_from,
+            copy_chunk_bytes,
             ..CudaOptions::default()
         };
         let gpu = py

@@ -163,3 +163,30 @@ def test_a_bad_handoff_grid_is_refused_before_any_gpu_is_touched(monkeypatch):
     assert _handoff_blocks() == 8
     monkeypatch.delenv("PCIEIPC_HANDOFF_BLOCKS")
     assert _handoff_blocks() is None
+
+
+def test_bad_copy_engine_settings_are_refused_before_any_gpu_is_touched(monkeypatch):
+    from pcieipc import CudaCommunicator, InvalidArgument
+    from pcieipc.torch import _bytes_env
+
+    # Checked before the GPU is opened: refused the same on a machine without one.
+    for chunk in (0, 15, (1 << 30) + 1, -4):
+        with pytest.raises(InvalidArgument, match=f"copy_chunk_bytes {chunk}: expected 16 to 1073741824"):
+            CudaCommunicator("never-joined", 0, 1, 0, copy_chunk_bytes=chunk)
+    for threshold in (-1, "always", 2.5):
+        with pytest.raises(InvalidArgument, match="copy_engines_from .*: expected bytes"):
+            CudaCommunicator("never-joined", 0, 1, 0, copy_engines_from=threshold)
+    monkeypatch.setenv("PCIEIPC_COPY_CHUNK", "1M")
+    assert _bytes_env("PCIEIPC_COPY_CHUNK") == 1 << 20
+    monkeypatch.setenv("PCIEIPC_COPY_CHUNK", "never")
+    with pytest.raises(InvalidArgument, match="PCIEIPC_COPY_CHUNK='never': expected bytes with an optional K, M or G$"):
+        _bytes_env("PCIEIPC_COPY_CHUNK")
+    monkeypatch.setenv("PCIEIPC_COPY_ENGINES_FROM", "never")
+    assert _bytes_env("PCIEIPC_COPY_ENGINES_FROM", never=True) == "never"
+    monkeypatch.setenv("PCIEIPC_COPY_ENGINES_FROM", "2k")
+    assert _bytes_env("PCIEIPC_COPY_ENGINES_FROM", never=True) == 2048
+    monkeypatch.setenv("PCIEIPC_COPY_ENGINES_FROM", "lots")
+    with pytest.raises(InvalidArgument, match='PCIEIPC_COPY_ENGINES_FROM=.lots.: expected bytes with an optional K, M or G, or "never"'):
+        _bytes_env("PCIEIPC_COPY_ENGINES_FROM", never=True)
+    monkeypatch.delenv("PCIEIPC_COPY_ENGINES_FROM")
+    assert _bytes_env("PCIEIPC_COPY_ENGINES_FROM", never=True) is None
