@@ -96,7 +96,8 @@ struct Host {
 /// A job: `nranks` ranks making `calls` all_reduce calls of `count`
 /// elements by the copy engines, in place or not, through slots of
 /// `window` bytes in chunks of about `chunk_bytes`; before each, a one-shot
-/// call of that many elements when `one_shot_before` is some.
+/// call by the kernels of that many elements when `kernel_call_before` is
+/// some.
 #[derive(Clone, Copy, Debug)]
 struct Job {
     nranks: usize,
@@ -105,7 +106,7 @@ struct Job {
     window: usize,
     chunk_bytes: usize,
     in_place: bool,
-    one_shot_before: Option<usize>,
+    kernel_call_before: Option<usize>,
 }
 
 /// How a test changes what the ranks queue (the real program: none).
@@ -142,7 +143,7 @@ impl Model {
                 let mut records = 0;
                 let mut numbers = 0..;
                 for _ in 0..job.calls {
-                    if let Some(elements) = job.one_shot_before {
+                    if let Some(elements) = job.kernel_call_before {
                         let number = numbers.next().expect("unbounded");
                         lanes[0].extend([
                             Queued::Produce(number),
@@ -509,8 +510,9 @@ fn lane_index(lane: Lane) -> usize {
 
 /// Jobs that cover what the ordering must hold for: 2 to 4 ranks, calls of
 /// one launch and of several (the last shorter), one chunk a segment and
-/// several (the last shorter, some empty), in place and not, with one-shot
-/// calls between them and without.
+/// several (the last shorter, some empty), calls of one element (every
+/// segment but one empty), in place and not, with one-shot calls by the
+/// kernels between them and without.
 fn jobs() -> Vec<Job> {
     let mut jobs = Vec::new();
     for nranks in 2..=4 {
@@ -521,9 +523,10 @@ fn jobs() -> Vec<Job> {
             (per_launch, 32),
             (2 * per_launch + 13, 32),
             (per_launch - 9, 48),
+            (1, 32),
         ] {
             for in_place in [false, true] {
-                for one_shot_before in [None, Some(5)] {
+                for kernel_call_before in [None, Some(count.min(5))] {
                     jobs.push(Job {
                         nranks,
                         count,
@@ -531,7 +534,7 @@ fn jobs() -> Vec<Job> {
                         window,
                         chunk_bytes,
                         in_place,
-                        one_shot_before,
+                        kernel_call_before,
                     });
                 }
             }
@@ -571,7 +574,7 @@ fn every_interleaving_tried_sums_every_call_with_no_stale_part() {
         window: 512,
         chunk_bytes: 16,
         in_place: false,
-        one_shot_before: None,
+        kernel_call_before: None,
     };
     let chunks = |launch| CopyChunks::of(launch, job.nranks, ELEMENT, job.chunk_bytes).count;
     let launches = launches(job.count, job.nranks, job.window);
@@ -678,7 +681,7 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
         window: 96,
         chunk_bytes: 32,
         in_place: false,
-        one_shot_before: Some(7),
+        kernel_call_before: Some(7),
     };
     for (name, edit) in [
         (
