@@ -148,9 +148,13 @@ def mpi_output(file):
 
 
 def nccl_output(file):
-    """bench/nccl_allreduce.py's JSON lines: in-place time only."""
+    """bench/nccl_allreduce.py's JSON lines: in-place time only. Its
+    --latency lines ("calls ...", read by mpi_calls) and what the library
+    printed (Gloo's and NCCL's own lines) are passed over."""
     rows = {}
     for line in open(file):
+        if not line.startswith("{"):
+            continue
         row = json.loads(line)
         if row["wrong"]:
             raise Broken(f"NCCL all_reduce gave {row['wrong']} wrong values")
@@ -446,6 +450,51 @@ def hit_by_gaps(cpus, call_us, at_least_us):
     return rate * call_us * 1e-6
 
 
+def nccl_latency_report(work, repeat):
+    """bench-vs-nccl.sh LATENCY=1's table: per size, in place (NCCL's only
+    placement through torch), each side's median over the runs of p50, p99,
+    p99.7, the maximum and the standard deviation, its p99.7 / p50, and
+    pcieipc's p99.7 / NCCL's."""
+    schema = report_schema(SCHEMA)
+    sides = {"pcieipc": {}, "NCCL": {}}
+    for run in range(1, repeat + 1):
+        name = f"pcieipc-{run}.json"
+        report = validated(json.load(open(os.path.join(work, name))), schema)
+        if report["wrong"]:
+            raise Broken(f"{name}: pcieipc bench reported {report['wrong']} wrong values")
+        for row in report["results"]:
+            latency = row["in_place"].get("latency_us")
+            if latency is None:
+                raise Broken(f"{name}: no latency_us at {row['size_bytes']} B in place (a run without --latency)")
+            sides["pcieipc"].setdefault(row["size_bytes"], []).append(latency)
+        name = os.path.join(work, f"nccl-{run}.jsonl")
+        nccl_output(name)
+        calls = mpi_calls(name)
+        if not calls:
+            raise Broken(f"nccl-{run}.jsonl: no \"calls\" lines (a run without --latency)")
+        for (size, _placement), times in calls.items():
+            sides["NCCL"].setdefault(size, []).append(distribution(times))
+    print(f"# per-call latency (us), all_reduce float sum in place, each call the slowest rank's (on GPUs timed by "
+          f"events between the queued calls); medians of {repeat} runs; tail = p99.7 / p50")
+    print("#       size  calls |  pcieipc p50      p99    p99.7      max   stddev   tail |"
+          "     NCCL p50      p99    p99.7      max   stddev   tail | p99.7 pcieipc / NCCL")
+    for size in sorted(set(sides["pcieipc"]) & set(sides["NCCL"])):
+        cells, middle = [], {}
+        for side in ("pcieipc", "NCCL"):
+            runs = sides[side][size]
+            if len(runs) != repeat:
+                raise Broken(f"{side}: {len(runs)} runs of {size} B, not {repeat}")
+            middle[side] = m = {stat: statistics.median(run[stat] for run in runs)
+                                for stat in ("p50", "p99", "p99_7", "max", "stddev", "calls")}
+            cells.append(f"{m['p50']:>12.2f} {m['p99']:>8.2f} {m['p99_7']:>8.2f} {m['max']:>8.1f} "
+                         f"{m['stddev']:>8.3f} {m['p99_7'] / m['p50']:>6.2f}")
+        against = middle["pcieipc"]["p99_7"] / middle["NCCL"]["p99_7"]
+        print(f"{size:>12} {middle['pcieipc']['calls']:>6g} |{cells[0]} |{cells[1]} | {against:>20.3g}")
+    if not set(sides["pcieipc"]) & set(sides["NCCL"]):
+        raise Broken("no size that both pcieipc and NCCL ran")
+    return 0
+
+
 def latency_report(work, repeat, tail_ratio, tail_up_to):
     """latency-vs-mpi.sh's table: per size and placement, each side's
     median over the runs of p50, p99, p99.7, the maximum and the standard
@@ -714,6 +763,11 @@ def parser():
     nccl.add_argument("--baseline", action="store_true", help="baseline-RUN.json are there (BASELINE=)")
     nccl.set_defaults(run=lambda a: nccl_report(a.work, a.repeat, a.ngpus, a.baseline))
 
+    nccl_latency = sub.add_parser("nccl-latency", help="scripts/bench-vs-nccl.sh LATENCY=1's table")
+    nccl_latency.add_argument("work")
+    nccl_latency.add_argument("--repeat", type=int, default=3)
+    nccl_latency.set_defaults(run=lambda a: nccl_latency_report(a.work, a.repeat))
+
     one_gpu = sub.add_parser("one-gpu", help="scripts/bench-cuda-one-gpu.sh's tables")
     one_gpu.add_argument("work")
     one_gpu.add_argument("--repeat", type=int, default=3)
@@ -842,6 +896,24 @@ def self_test():
     raises("wrong: NCCL's wrong values", lambda: nccl_output(os.path.join(FIXTURES, "wrong", "nccl-1.jsonl")),
            "NCCL all_reduce gave 3 wrong values")
 
+    # NCCL's per-call times (real runs, REPEAT=2: pcieipc's shm bench and
+    # bench/nccl_allreduce.py on Gloo, which print what the GPU runs print):
+    # medians of two, the library's own lines passed over.
+    status, lines, err, _ = run("nccl-latency", "nccl-latency", "--repeat", "2")
+    expect("nccl-latency: exit status", (status, err), (0, ""))
+    same_as("nccl-latency", lines, "nccl-latency", "expected.txt")
+    runs = [distribution(calls) for file in run_files(os.path.join(FIXTURES, "nccl-latency"), "nccl", 2, "jsonl")
+            for calls in mpi_calls(file).values()]
+    expect("nccl-latency: 4 sizes of 50 calls a run", [run["calls"] for run in runs], [50] * 8)
+    with tempfile.TemporaryDirectory() as temp:
+        work = os.path.join(temp, "nccl-latency")
+        shutil.copytree(os.path.join(FIXTURES, "nccl-latency"), work)
+        with open(os.path.join(work, "nccl-2.jsonl"), "w") as file:
+            file.writelines(line for line in open(os.path.join(FIXTURES, "nccl-latency", "nccl-2.jsonl"))
+                            if not line.startswith("calls "))
+        raises("nccl-latency: an NCCL run without --latency", lambda: nccl_latency_report(work, 2),
+               'nccl-2.jsonl: no "calls" lines (a run without --latency)')
+
     # One GPU (hand-made, REPEAT=3): medians of three per mode, the link's
     # limit and use through host memory, none peer to peer; ratios of the
     # median times to the baseline's.
@@ -938,7 +1010,7 @@ def self_test():
     if failures:
         return 1
     print("bench_compare self-test: OpenMPI (ahead, and behind: exit 3), NCCL (with and without a baseline, "
-          "wrong values), one GPU's CUDA paths, cold start, latency, tracing overhead and DDP fixtures give their "
+          "wrong values, per call), one GPU's CUDA paths, cold start, latency, tracing overhead and DDP fixtures give their "
           "medians, bests, ratios and exit status")
     return 0
 

@@ -98,7 +98,9 @@ pub struct PeerCalls {
 pub enum PeerCallsError {
     #[error("line {line}: {what} (expected \"calls SIZE oop|ip T1 ... TN\", times in us)")]
     Malformed { line: usize, what: String },
-    #[error("no \"calls\" lines: not the output of bench/mpi_allreduce --latency")]
+    #[error(
+        "no \"calls\" lines: not the output of bench/mpi_allreduce --latency or bench/nccl_allreduce.py --latency"
+    )]
     Empty,
 }
 

@@ -241,9 +241,18 @@ pub struct Args {
     #[arg(long, value_name = "FILE.svg")]
     latency_plot: Option<PathBuf>,
     /// The peer's per-call times for --latency-plot: the output of
-    /// `bench/mpi_allreduce --latency` ("calls SIZE oop|ip T1 ... TN" lines).
+    /// `bench/mpi_allreduce --latency` or `bench/nccl_allreduce.py --latency`
+    /// ("calls SIZE oop|ip T1 ... TN" lines).
     #[arg(long, value_name = "FILE", requires = "latency_plot")]
     latency_peer: Option<PathBuf>,
+    /// What the plot calls the peer.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "MPI_Allreduce",
+        requires = "latency_peer"
+    )]
+    latency_peer_name: String,
     /// Print JSON (docs/schemas/bench-v1.schema.json; with --cold-start,
     /// bench-cold-start-v1.schema.json) instead of the table.
     #[arg(long)]
@@ -1333,8 +1342,10 @@ fn plot_latency(
         args.datatype.name(),
         args.op.name()
     );
-    // The peer file is bench/mpi_allreduce's.
-    let peer_name = args.latency_peer.as_ref().map(|_| "MPI_Allreduce");
+    let peer_name = args
+        .latency_peer
+        .as_ref()
+        .map(|_| args.latency_peer_name.as_str());
     std::fs::write(file, latency_svg(&rows, &title, "pcieipc", peer_name))
         .with_context(|| format!("--latency-plot: writing {}", file.display()))?;
     crate::output::eprint_line(&format!("# latency plot: {}", file.display()));

@@ -50,6 +50,8 @@ fn the_table_and_the_plot_show_each_size_beside_the_peer() {
         svg.to_str().unwrap(),
         "--latency-peer",
         peer.to_str().unwrap(),
+        "--latency-peer-name",
+        "NCCL all_reduce",
     ]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -86,7 +88,11 @@ fn the_table_and_the_plot_show_each_size_beside_the_peer() {
     // pcieipc at both sizes and placements, the peer at 8 B in both: six
     // distributions, each with its maximum's dot; the peer's 9 us call there.
     assert_eq!(svg.matches("<circle").count(), 6, "{svg}");
-    assert!(svg.contains("MPI_Allreduce") && svg.contains("max 9.00 µs · sd"));
+    assert!(svg.contains("NCCL all_reduce") && svg.contains("max 9.00 µs · sd"));
+    assert!(
+        !svg.contains("MPI_Allreduce"),
+        "the peer's name is the one given"
+    );
     assert!(svg.contains("out of place") && svg.contains("in place"));
 }
 
