@@ -16,6 +16,14 @@
 //! inboxes of its parity, parity 0 among them, which the copies use: the
 //! meeting at a copy launch's start is for them.
 //!
+//! The GPU takes streams' work through a few hardware queues
+//! (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default, streams dealt to them in
+//! turn), each in the order the host queued it, so work on two streams that
+//! share one runs in that order: a flag kernel spinning at the head of a
+//! queue holds up whatever was queued behind it on another stream. Jobs
+//! run with a queue per lane, and with the lanes sharing two queues and
+//! one.
+//!
 //! Each element carries the call it belongs to and the ranks whose parts
 //! are summed in it; a reduction of parts of different calls, or an output
 //! that is not every rank's part of its call when the caller's stream
@@ -69,7 +77,8 @@ enum Queued {
 }
 
 struct Rank {
-    lanes: Vec<VecDeque<Queued>>,
+    /// The hardware queues, each in the order the host queued its work.
+    queues: Vec<VecDeque<Queued>>,
     input: Vec<Value>,
     output: Vec<Value>,
     /// Per peer, a window of staged parts.
@@ -107,6 +116,9 @@ struct Job {
     chunk_bytes: usize,
     in_place: bool,
     kernel_call_before: Option<usize>,
+    /// The hardware queues the lanes share (lane i takes queue i mod
+    /// `queues`).
+    queues: usize,
 }
 
 /// How a test changes what the ranks queue (the real program: none).
@@ -138,14 +150,14 @@ impl Model {
         let launches = launches(job.count, job.nranks, job.window);
         let ranks = (0..job.nranks)
             .map(|rank| {
-                let mut lanes = vec![VecDeque::new(); LANES.len()];
+                let mut queues = vec![VecDeque::new(); job.queues];
                 let mut latest: HashMap<Mark, usize> = HashMap::new();
                 let mut records = 0;
                 let mut numbers = 0..;
                 for _ in 0..job.calls {
                     if let Some(elements) = job.kernel_call_before {
                         let number = numbers.next().expect("unbounded");
-                        lanes[0].extend([
+                        queues[0].extend([
                             Queued::Produce(number),
                             Queued::OneShot {
                                 elements,
@@ -158,7 +170,7 @@ impl Model {
                         ]);
                     }
                     let number = numbers.next().expect("unbounded");
-                    lanes[0].push_back(Queued::Produce(number));
+                    queues[0].push_back(Queued::Produce(number));
                     for launch in &launches {
                         let chunks = CopyChunks::of(launch, job.nranks, ELEMENT, job.chunk_bytes);
                         let steps = edit(program(launch, chunks, ELEMENT, rank, job.nranks));
@@ -183,16 +195,16 @@ impl Model {
                                     },
                                 ),
                             };
-                            lanes[lane_index(lane)].push_back(queued);
+                            queues[lane_index(lane) % job.queues].push_back(queued);
                         }
                     }
-                    lanes[0].push_back(Queued::Check {
+                    queues[0].push_back(Queued::Check {
                         call: number,
                         elements: job.count,
                     });
                 }
                 Rank {
-                    lanes,
+                    queues,
                     input: vec![Value::Unset; job.count],
                     output: vec![Value::Unset; job.count],
                     staging: vec![vec![Value::Unset; slot]; job.nranks],
@@ -218,34 +230,34 @@ impl Model {
     fn run(&mut self, interleaving: &mut Interleaving) -> Result<(), String> {
         loop {
             let ready: Vec<(usize, usize)> = (0..self.job.nranks)
-                .flat_map(|rank| (0..LANES.len()).map(move |lane| (rank, lane)))
-                .filter(|&(rank, lane)| self.can_run(rank, lane))
+                .flat_map(|rank| (0..self.job.queues).map(move |queue| (rank, queue)))
+                .filter(|&(rank, queue)| self.can_run(rank, queue))
                 .collect();
             if ready.is_empty() {
                 let stuck: Vec<String> = (0..self.job.nranks)
-                    .flat_map(|rank| (0..LANES.len()).map(move |lane| (rank, lane)))
-                    .filter_map(|(rank, lane)| {
-                        let head = self.ranks[rank].lanes[lane].front()?;
-                        Some(format!("rank {rank} {:?}: {head:?}", LANES[lane]))
+                    .flat_map(|rank| (0..self.job.queues).map(move |queue| (rank, queue)))
+                    .filter_map(|(rank, queue)| {
+                        let head = self.ranks[rank].queues[queue].front()?;
+                        Some(format!("rank {rank} queue {queue}: {head:?}"))
                     })
                     .collect();
                 return match stuck.is_empty() {
                     true => Ok(()),
                     false => Err(format!(
-                        "no lane can go on (the kernels' waits would time out): {}",
+                        "no queue can go on (the kernels' waits would time out): {}",
                         stuck.join("; ")
                     )),
                 };
             }
-            let (rank, lane) = ready[interleaving.pick(ready.len())];
-            self.advance(rank, lane)?;
+            let (rank, queue) = ready[interleaving.pick(ready.len())];
+            self.advance(rank, queue)?;
         }
     }
 
-    /// Whether the head of `lane` of `rank` can take its next step.
-    fn can_run(&self, rank: usize, lane: usize) -> bool {
+    /// Whether the head of `queue` of `rank` can take its next step.
+    fn can_run(&self, rank: usize, queue: usize) -> bool {
         let state = &self.ranks[rank];
-        match state.lanes[lane].front() {
+        match state.queues[queue].front() {
             None => false,
             Some(Queued::Wait(Some(instance))) => state.recorded[*instance],
             Some(Queued::OneShot {
@@ -287,9 +299,11 @@ impl Model {
         }
     }
 
-    /// Takes the next step of the head of `lane` of `rank` (it can run).
-    fn advance(&mut self, rank: usize, lane: usize) -> Result<(), String> {
-        let head = *self.ranks[rank].lanes[lane].front().expect("a ready lane");
+    /// Takes the next step of the head of `queue` of `rank` (it can run).
+    fn advance(&mut self, rank: usize, queue: usize) -> Result<(), String> {
+        let head = *self.ranks[rank].queues[queue]
+            .front()
+            .expect("a ready queue");
         match head {
             Queued::Produce(number) => {
                 let state = &mut self.ranks[rank];
@@ -334,7 +348,7 @@ impl Model {
                 }
                 self.raise(rank, 0, 0, epoch);
                 if let Some(Queued::OneShot { epoch: started, .. }) =
-                    self.ranks[rank].lanes[lane].front_mut()
+                    self.ranks[rank].queues[queue].front_mut()
                 {
                     *started = Some(epoch);
                 }
@@ -370,7 +384,7 @@ impl Model {
                     self.raise(rank, phase, MEETING_SLOT, epoch);
                 }
                 if let Some(Queued::Launch { epoch: started, .. }) =
-                    self.ranks[rank].lanes[lane].front_mut()
+                    self.ranks[rank].queues[queue].front_mut()
                 {
                     *started = Some(epoch);
                 }
@@ -378,7 +392,7 @@ impl Model {
             }
             Queued::Launch { step, base, epoch } => self.launch_step(rank, step, base, epoch)?,
         }
-        self.ranks[rank].lanes[lane].pop_front();
+        self.ranks[rank].queues[queue].pop_front();
         Ok(())
     }
 
@@ -512,7 +526,8 @@ fn lane_index(lane: Lane) -> usize {
 /// one launch and of several (the last shorter), one chunk a segment and
 /// several (the last shorter, some empty), calls of one element (every
 /// segment but one empty), in place and not, with one-shot calls by the
-/// kernels between them and without.
+/// kernels between them and without; each with a hardware queue per lane,
+/// and with every lane in one.
 fn jobs() -> Vec<Job> {
     let mut jobs = Vec::new();
     for nranks in 2..=4 {
@@ -527,15 +542,18 @@ fn jobs() -> Vec<Job> {
         ] {
             for in_place in [false, true] {
                 for kernel_call_before in [None, Some(count.min(5))] {
-                    jobs.push(Job {
-                        nranks,
-                        count,
-                        calls: 3,
-                        window,
-                        chunk_bytes,
-                        in_place,
-                        kernel_call_before,
-                    });
+                    for queues in [LANES.len(), 1] {
+                        jobs.push(Job {
+                            nranks,
+                            count,
+                            calls: 3,
+                            window,
+                            chunk_bytes,
+                            in_place,
+                            kernel_call_before,
+                            queues,
+                        });
+                    }
                 }
             }
         }
@@ -575,6 +593,7 @@ fn every_interleaving_tried_sums_every_call_with_no_stale_part() {
         chunk_bytes: 16,
         in_place: false,
         kernel_call_before: None,
+        queues: 2,
     };
     let chunks = |launch| CopyChunks::of(launch, job.nranks, ELEMENT, job.chunk_bytes).count;
     let launches = launches(job.count, job.nranks, job.window);
@@ -682,6 +701,7 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
         chunk_bytes: 32,
         in_place: false,
         kernel_call_before: Some(7),
+        queues: LANES.len(),
     };
     for (name, edit) in [
         (
@@ -705,4 +725,45 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
             "{name}: no interleaving of 200 went wrong"
         );
     }
+    // The awaits of the peers' flags queued before this rank's own pushes
+    // and flags: the same order on every stream, so with a queue per lane
+    // nothing changes, but where the lanes share a hardware queue an await
+    // spinning at its head holds up the flags every peer's await waits for.
+    fn awaits_before_pushes(mut steps: Vec<Step>) -> Vec<Step> {
+        let position = |steps: &[Step], wanted: fn(&Step) -> bool| {
+            steps.iter().position(wanted).expect("the step")
+        };
+        let first_push = position(&steps, |step| {
+            matches!(
+                step,
+                Step::Copy {
+                    lane: Lane::ToHost,
+                    ..
+                }
+            )
+        });
+        let awaits = position(&steps, |step| {
+            matches!(
+                step,
+                Step::Flag {
+                    flag: CopyFlag::Await,
+                    ..
+                }
+            )
+        });
+        let results = position(&steps, |step| {
+            matches!(step, Step::Wait(Lane::ToHost, Mark::Reduced(_)))
+        });
+        let moved: Vec<Step> = steps.drain(awaits..results).collect();
+        steps.splice(first_push..first_push, moved);
+        steps
+    }
+    assert_eq!(first_failure(job, awaits_before_pushes, 200), None);
+    let failure = first_failure(Job { queues: 1, ..job }, awaits_before_pushes, 20);
+    assert!(
+        failure
+            .as_deref()
+            .is_some_and(|failure| failure.contains("no queue can go on")),
+        "{failure:?}"
+    );
 }
