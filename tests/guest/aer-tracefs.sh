@@ -14,7 +14,12 @@ check "no pcieipc module, no device bound to pci-testdev" \
 # follow ARGS...: pcieipc monitor ARGS in the background, output in
 # /tmp/mon.out, stderr in /tmp/mon.err; returns once it says it follows.
 follow() {
+    # Both emptied here, not only by the redirections below: the background
+    # shell may open them after the wait has read the last monitor's
+    # "following", and an error injected before this monitor reads its
+    # baseline or opens its tracefs instance goes unseen.
     : > /tmp/mon.out
+    : > /tmp/mon.err
     pcieipc monitor "$@" > /tmp/mon.out 2> /tmp/mon.err &
     MON=$!
     i=0
