@@ -813,10 +813,16 @@ def self_test():
         if got != wanted:
             failures.append(f"{label}: got {got!r}, expected {wanted!r}")
 
-    def run(fixture, command, *options):
+    @contextlib.contextmanager
+    def copied(fixture):
+        """A copy of the fixture directory to write in, gone afterwards."""
         with tempfile.TemporaryDirectory() as temp:
             work = os.path.join(temp, fixture)
             shutil.copytree(os.path.join(FIXTURES, fixture), work)
+            yield work
+
+    def run(fixture, command, *options):
+        with copied(fixture) as work:
             out, err = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 status = main([command, work, *options])
@@ -905,9 +911,7 @@ def self_test():
     runs = [distribution(calls) for file in run_files(os.path.join(FIXTURES, "nccl-latency"), "nccl", 2, "jsonl")
             for calls in mpi_calls(file).values()]
     expect("nccl-latency: 4 sizes of 50 calls a run", [run["calls"] for run in runs], [50] * 8)
-    with tempfile.TemporaryDirectory() as temp:
-        work = os.path.join(temp, "nccl-latency")
-        shutil.copytree(os.path.join(FIXTURES, "nccl-latency"), work)
+    with copied("nccl-latency") as work:
         with open(os.path.join(work, "nccl-2.jsonl"), "w") as file:
             file.writelines(line for line in open(os.path.join(FIXTURES, "nccl-latency", "nccl-2.jsonl"))
                             if not line.startswith("calls "))
@@ -981,9 +985,7 @@ def self_test():
     same_as("latency", lines, "latency", "expected.txt")
     # The same pcieipc runs against an MPI taking 1 ms a call, and a tail
     # goal of 200: nothing over, exit 0.
-    with tempfile.TemporaryDirectory() as temp:
-        work = os.path.join(temp, "latency")
-        shutil.copytree(os.path.join(FIXTURES, "latency"), work)
+    with copied("latency") as work:
         for file in glob.glob(f"{work}/mpi-*.txt"):
             size = os.path.basename(file).split(".")[1]
             open(file, "w").write("".join(f"calls {size} {p} " + " ".join(["1000"] * 400) + "\n" for p in ("oop", "ip")))

@@ -622,12 +622,17 @@ fn launches(count: usize, nranks: usize, window: usize) -> Vec<HandoffLaunch> {
     plan::launches(&call, Algorithm::Direct, nranks, window)
 }
 
+/// `steps` without those `unwanted` says.
+fn dropping(steps: Vec<Step>, unwanted: fn(&Step) -> bool) -> Vec<Step> {
+    steps.into_iter().filter(|step| !unwanted(step)).collect()
+}
+
 /// The model finds each of these broken orders (so the test above can
 /// fail): each is a step the program has for a reason, left out or moved.
 #[test]
 fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
     fn without_the_last_meeting(steps: Vec<Step>) -> Vec<Step> {
-        let last = |step: &Step| {
+        dropping(steps, |step| {
             matches!(
                 step,
                 Step::Flag {
@@ -636,16 +641,17 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
                     ..
                 }
             )
-        };
-        steps.into_iter().filter(|step| !last(step)).collect()
+        })
     }
     fn results_before_their_reduction(steps: Vec<Step>) -> Vec<Step> {
-        let wait = |step: &Step| matches!(step, Step::Wait(Lane::ToHost, Mark::Reduced(_)));
-        steps.into_iter().filter(|step| !wait(step)).collect()
+        dropping(steps, |step| {
+            matches!(step, Step::Wait(Lane::ToHost, Mark::Reduced(_)))
+        })
     }
     fn caller_not_joined(steps: Vec<Step>) -> Vec<Step> {
-        let join = |step: &Step| matches!(step, Step::Wait(Lane::Caller, Mark::FromHostDone));
-        steps.into_iter().filter(|step| !join(step)).collect()
+        dropping(steps, |step| {
+            matches!(step, Step::Wait(Lane::Caller, Mark::FromHostDone))
+        })
     }
     fn flag_before_its_pushes(mut steps: Vec<Step>) -> Vec<Step> {
         let first_push = steps
@@ -677,7 +683,7 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
         steps
     }
     fn without_the_first_meeting(steps: Vec<Step>) -> Vec<Step> {
-        let first = |step: &Step| {
+        dropping(steps, |step| {
             matches!(
                 step,
                 Step::Flag {
@@ -686,12 +692,10 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
                     ..
                 }
             )
-        };
-        steps.into_iter().filter(|step| !first(step)).collect()
+        })
     }
     fn no_fork(steps: Vec<Step>) -> Vec<Step> {
-        let fork = |step: &Step| matches!(step, Step::Wait(_, Mark::Forked));
-        steps.into_iter().filter(|step| !fork(step)).collect()
+        dropping(steps, |step| matches!(step, Step::Wait(_, Mark::Forked)))
     }
     let job = Job {
         nranks: 2,
