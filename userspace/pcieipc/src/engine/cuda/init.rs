@@ -17,7 +17,7 @@ use super::gpu_handoff::{
 use super::host_handoff::HostHandoff;
 use super::ipc::HANDLE_WORDS;
 use super::kernels::{HANDOFF_BLOCKS, HANDOFF_MAX_RANKS};
-use super::options::{CudaOptions, DataPath, Handoff, PeerToPeer};
+use super::options::{CopyEnginePlan, CudaOptions, DataPath, Handoff, PeerToPeer};
 use super::registration::Registrations;
 use super::staging::{PeerToPeerCheck, Staging, StagingLayout, UndersizedPeerBlock};
 use crate::engine::{Algorithm, AlgorithmChoice, CommOptions, Communicator, EngineError};
@@ -257,8 +257,10 @@ impl CudaCommunicator {
                 timeout: options.handoff_timeout,
                 algorithm: options.algorithm,
                 one_shot_bytes: layout.one_shot_bytes(),
-                copy_engines_from,
-                copy_chunk_bytes,
+                copy_engines: CopyEnginePlan {
+                    from_bytes: copy_engines_from,
+                    chunk_bytes: copy_chunk_bytes,
+                },
             };
             let outcome = GpuHandoff::open(&gpu, &mut control, settings);
             match agree(&mut control, outcome)? {

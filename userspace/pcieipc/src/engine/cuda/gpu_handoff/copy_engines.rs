@@ -22,6 +22,7 @@ use crate::engine::cuda::error::CudaError;
 use crate::engine::cuda::gpu::Gpu;
 use crate::engine::cuda::kernels::{ExchangeArg, HandoffLaunch, Kernel};
 use crate::engine::cuda::memory::DeviceBuffer;
+use crate::engine::cuda::options::CopyEnginePlan;
 
 /// The streams, events and device staging of a rank's copy-engine launches.
 pub(super) struct CopyEngines {
@@ -37,18 +38,18 @@ pub(super) struct CopyEngines {
     from_host_done: CudaEvent,
     /// A window per rank: the peers' parts of this rank's segment.
     staging: DeviceBuffer<u8>,
-    /// About how many bytes of a segment go between two flags.
-    chunk_bytes: usize,
+    /// Which launches go by the copy engines, in what chunks.
+    plan: CopyEnginePlan,
 }
 
 impl CopyEngines {
     /// Streams, events and a staging buffer of `nranks` windows, for
-    /// chunks of about `chunk_bytes`.
+    /// launches and chunks as `plan` says.
     pub(super) fn new(
         gpu: &Arc<Gpu>,
         nranks: usize,
         window: usize,
-        chunk_bytes: usize,
+        plan: CopyEnginePlan,
     ) -> Result<CopyEngines, CudaError> {
         Ok(CopyEngines {
             gpu: gpu.clone(),
@@ -61,13 +62,13 @@ impl CopyEngines {
             to_host_done: gpu.new_event()?,
             from_host_done: gpu.new_event()?,
             staging: DeviceBuffer::zeroed(gpu, nranks * window)?,
-            chunk_bytes,
+            plan,
         })
     }
 
-    /// About how many bytes of a segment go between two flags.
-    pub(super) fn chunk_bytes(&self) -> usize {
-        self.chunk_bytes
+    /// Which launches go by the copy engines, in what chunks.
+    pub(super) fn plan(&self) -> CopyEnginePlan {
+        self.plan
     }
 
     /// Queues `launch` (two-shot, segments of at most `window` bytes) after
@@ -84,7 +85,7 @@ impl CopyEngines {
         window: usize,
     ) -> Result<(), CudaError> {
         let (rank, nranks) = (exchange.rank as usize, exchange.nranks as usize);
-        let chunks = CopyChunks::of(launch, nranks, element, self.chunk_bytes);
+        let chunks = CopyChunks::of(launch, nranks, element, self.plan.chunk_bytes);
         let lane = |lane| match lane {
             Lane::Caller => stream.as_ref(),
             Lane::ToHost => self.to_host.as_ref(),

@@ -90,10 +90,9 @@ pub(super) struct HandoffSettings {
     pub(super) algorithm: AlgorithmChoice,
     /// The one-shot budget (bytes of a one-shot message).
     pub(super) one_shot_bytes: usize,
-    /// Through host memory: the two-shot launches from this many bytes go
-    /// by the copy engines, in chunks of about `copy_chunk_bytes`.
-    pub(super) copy_engines_from: usize,
-    pub(super) copy_chunk_bytes: usize,
+    /// Through host memory: which launches the copy engines move, and in
+    /// what chunks.
+    pub(super) copy_engines: CopyEnginePlan,
 }
 
 /// A rank's side of the GPU hand-off: the exchange blocks and the state of
@@ -110,11 +109,8 @@ pub(super) struct GpuHandoff {
     /// The most blocks a launch takes (rank 0's choice: the flags are per
     /// block).
     blocks: u32,
-    /// Through host memory: the copy engines' streams and staging.
+    /// Through host memory: the copy engines' streams, staging and plan.
     copies: Option<CopyEngines>,
-    /// Through host memory: the two-shot launches from this many bytes go by
-    /// the copy engines (rank 0's choice).
-    copy_engines_from: usize,
     timeout: Duration,
     report: Arc<FailureReport>,
     /// Every rank's pid, to name a peer that exited.
@@ -158,7 +154,7 @@ impl GpuHandoff {
         let epochs = DeviceBuffer::<i64>::zeroed(gpu, HANDOFF_BLOCKS).map_err(&err)?;
         let copies = match settings.memory {
             ExchangeMemory::Host => Some(
-                CopyEngines::new(gpu, nranks, settings.window, settings.copy_chunk_bytes)
+                CopyEngines::new(gpu, nranks, settings.window, settings.copy_engines)
                     .map_err(&err)?,
             ),
             ExchangeMemory::Device => None,
@@ -178,7 +174,6 @@ impl GpuHandoff {
             window: settings.window,
             blocks: settings.blocks,
             copies,
-            copy_engines_from: settings.copy_engines_from,
             timeout: settings.timeout,
             report,
             pids,
@@ -205,11 +200,8 @@ impl GpuHandoff {
     /// Which launches the copy engines move, and in what chunks (through
     /// host memory, unless they move none).
     pub(super) fn copy_engine_plan(&self) -> Option<CopyEnginePlan> {
-        let copies = self.copies.as_ref()?;
-        (self.copy_engines_from != usize::MAX).then(|| CopyEnginePlan {
-            from_bytes: self.copy_engines_from,
-            chunk_bytes: copies.chunk_bytes(),
-        })
+        let plan = self.copies.as_ref()?.plan();
+        (plan.from_bytes != usize::MAX).then_some(plan)
     }
 
     /// The last call's descriptor.
@@ -274,7 +266,9 @@ impl GpuHandoff {
         let element = call.dtype.size_bytes();
         for launch in plan::launches(call, algorithm, self.nranks, self.window) {
             match &self.copies {
-                Some(copies) if plan::by_copy_engines(&launch, element, self.copy_engines_from) => {
+                Some(copies)
+                    if plan::by_copy_engines(&launch, element, copies.plan().from_bytes) =>
+                {
                     copies.queue(
                         &kernel,
                         &launch,
