@@ -675,7 +675,10 @@ fn a_peer_whose_ipc_block_is_too_small_is_named() {
             let mut control =
                 Communicator::init(&rendezvous, role.rank, role.nranks, honest.control)
                     .expect("join the control plane");
-            let mut geometry = [0i64; 4];
+            // Rank 0's geometry, as many words as init broadcasts (chunk,
+            // one-shot budget, window, hand-off, copy engines from, copy
+            // chunk): a count that differs is refused as a mismatched call.
+            let mut geometry = [0i64; 6];
             control
                 .broadcast(&mut geometry, 0)
                 .expect("rank 0's geometry");
