@@ -194,7 +194,8 @@ impl CudaCommunicator {
     /// Through host memory (`p2p="off"`, or no peer-to-peer): two-shot
     /// all_reduce launches of `copy_engines_from` bytes and more move by the copy
     /// engines ("never": always by the kernels; `None`: 4 MiB), in chunks of
-    /// about `copy_chunk_bytes` (16 to 1 GiB; `None`: 4 MiB); rank 0's hold.
+    /// about `copy_chunk_bytes` at most (16 to 1 GiB, two a segment at least;
+    /// `None`: 4 MiB); rank 0's hold.
     /// The rest as for `Communicator`.
     #[new]
     // One argument per keyword of the Python signature.

@@ -178,8 +178,8 @@ pub struct Args {
     copy_engines_from: Option<usize>,
     /// With --transport cuda on the GPU hand-off through host memory, by the
     /// copy engines: about how many bytes of each rank's segment move
-    /// between two of its flags (16 to 1G; at most 63 chunks a launch).
-    /// Default: 4M.
+    /// between two of its flags at most (16 to 1G; at least 2 chunks a
+    /// segment, at most 63 a launch). Default: 4M.
     #[arg(long, value_name = "BYTES", value_parser = parse_copy_chunk)]
     copy_chunk: Option<usize>,
     /// With --transport cuda on the GPU hand-off: capture the timed calls in

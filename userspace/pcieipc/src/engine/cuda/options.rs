@@ -86,10 +86,10 @@ pub struct CudaOptions {
     /// used.
     pub copy_engines_from: Option<usize>,
     /// GPU hand-off through host memory, by the copy engines: about how many
-    /// bytes of each rank's segment move between two of its flags (at most
-    /// 63 chunks a launch; at least 16 bytes, at most 1 GiB). Smaller chunks
-    /// overlap more of the copies each way and pay for more flags. `None`:
-    /// 4 MiB. Rank 0's value is used.
+    /// bytes of each rank's segment move between two of its flags at most
+    /// (at least 2 chunks a segment, at most 63 a launch; at least 16 bytes,
+    /// at most 1 GiB). Smaller chunks overlap more of the copies each way
+    /// and pay for more flags. `None`: 4 MiB. Rank 0's value is used.
     pub copy_chunk_bytes: Option<usize>,
 }
 
@@ -120,7 +120,7 @@ impl Default for CudaOptions {
 pub struct CopyEnginePlan {
     /// Two-shot launches of this many bytes and more.
     pub from_bytes: usize,
-    /// About this many bytes of a rank's segment between two flags.
+    /// About this many bytes of a rank's segment between two flags at most.
     pub chunk_bytes: usize,
 }
 

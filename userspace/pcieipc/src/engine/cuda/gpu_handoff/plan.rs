@@ -45,6 +45,14 @@ pub(crate) const DEFAULT_COPY_ENGINES_FROM: usize = 4 << 20;
 /// 0.47 in 512 KiB, 0.69 in 1 MiB, 0.80 in 2 MiB, 0.85 in 4 MiB.
 pub(crate) const DEFAULT_COPY_CHUNK_BYTES: usize = 4 << 20;
 
+/// Chunks of a segment at least (where it has that many vectors), whatever
+/// the chunk size: a segment in one chunk overlaps nothing, its copies up,
+/// its reduction and its copies down one after the other. On H100s, two
+/// ranks under MPS, 8 MiB calls (4 MiB segments), three runs: 0.62-0.69 of
+/// the link's limit in one chunk of 4 MiB, 0.66-0.82 in two of 2 MiB; four
+/// of 1 MiB no better than two.
+const MIN_COPY_CHUNKS: usize = 2;
+
 /// Chunks of one copy-engine launch at most: flag slots 0 to 62 (the last
 /// of the 64 is the launch's meetings, `handoff_copies.cu`).
 pub(super) const MAX_COPY_CHUNKS: usize = HANDOFF_BLOCKS - 1;
@@ -65,8 +73,9 @@ pub(super) fn by_copy_engines(launch: &HandoffLaunch, element: usize, from_bytes
 
 /// How the copy engines cut a two-shot launch: `count` chunks of every
 /// rank's segment, each `elements` long (whole vectors; a segment's last
-/// chunks may be shorter or empty). Every rank computes the same from the
-/// same launch, so their flags agree.
+/// chunks may be shorter or empty): about the chunk size each, and at least
+/// `MIN_COPY_CHUNKS`. Every rank computes the same from the same launch, so
+/// their flags agree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct CopyChunks {
     pub(super) count: usize,
@@ -75,7 +84,7 @@ pub(super) struct CopyChunks {
 
 impl CopyChunks {
     /// The chunks of `launch` (two-shot) among `nranks` ranks, elements of
-    /// `element` bytes, each about `chunk_bytes`.
+    /// `element` bytes, each at most about `chunk_bytes`.
     pub(super) fn of(
         launch: &HandoffLaunch,
         nranks: usize,
@@ -87,8 +96,10 @@ impl CopyChunks {
             .map(|rank| launch.segments.start[rank + 1] - launch.segments.start[rank])
             .max()
             .unwrap_or(0) as usize;
+        let vectors = longest.div_ceil(vector).max(1);
         let count = (longest * element)
             .div_ceil(chunk_bytes)
+            .max(MIN_COPY_CHUNKS.min(vectors))
             .clamp(1, MAX_COPY_CHUNKS);
         let elements = longest.div_ceil(count).div_ceil(vector).max(1) * vector;
         CopyChunks { count, elements }
@@ -383,6 +394,40 @@ mod tests {
                 }
             }
         }
+        // Every segment in two chunks at least, as long as it has two
+        // vectors: 8 MiB among two ranks in two chunks of 2 MiB, not one of 4.
+        let two_shot_of = |bytes: usize| {
+            launches(
+                &all_reduce(DType::F32, bytes / 4),
+                Algorithm::Direct,
+                2,
+                16 << 20,
+            )[0]
+        };
+        let chunks_of = |bytes| CopyChunks::of(&two_shot_of(bytes), 2, 4, DEFAULT_COPY_CHUNK_BYTES);
+        assert_eq!(
+            chunks_of(8 << 20),
+            CopyChunks {
+                count: 2,
+                elements: (2 << 20) / 4
+            }
+        );
+        assert_eq!(
+            chunks_of(16 << 20),
+            CopyChunks {
+                count: 2,
+                elements: (4 << 20) / 4
+            }
+        );
+        assert_eq!(
+            chunks_of(24 << 20),
+            CopyChunks {
+                count: 3,
+                elements: (4 << 20) / 4
+            }
+        );
+        assert_eq!(chunks_of(2 * VECTOR_BYTES).count, 1);
+        assert_eq!(chunks_of(4 * VECTOR_BYTES).count, 2);
         // Through host memory only two-shot launches of the threshold or
         // more go by the copy engines.
         let two_shot = |count| {
