@@ -11,10 +11,11 @@
 //! same calls ran at 4–7.5 GB/s out of place in either state (docs/engine.md,
 //! Slot fills chosen by measurement). Neither fixed choice holds in both
 //! states, so each class of call (kind, power-of-two size, in place or
-//! not) tries both fills once its first calls have warmed the caches
-//! (`TRIALS`) and keeps the faster, then runs one call in `PROBE_EVERY` on
-//! the other fill and keeps it when that call took clearly less time than
-//! the kept fill's recent calls. Probes alone took tens of calls to leave a
+//! not) starts on the fill its nearest decided size keeps, tries both fills
+//! once its first calls have warmed the caches (`TRIALS`) and keeps the
+//! faster, then runs one call in `PROBE_EVERY` on the other fill and keeps
+//! it when that call took clearly less time than the kept fill's recent
+//! calls. Probes alone took tens of calls to leave a
 //! slow start: on the EPYC, out-of-place 256 KiB calls ran at ~200 µs on
 //! plain fills until the 64th call's probe, where the other fill ran them
 //! at ~60.
@@ -174,14 +175,45 @@ impl FillChooser {
     }
 
     /// The fill for the next call of `class`: the kept one, or the other on
-    /// a probe.
-    pub(crate) fn choose(&self, class: CallClass) -> SlotFill {
+    /// a probe. A class's first call keeps what its nearest decided class
+    /// keeps (`nearest_decided`).
+    pub(crate) fn choose(&mut self, class: CallClass) -> SlotFill {
+        if self.classes[class.0].calls == 0 {
+            self.classes[class.0].bypass = self.nearest_decided(class);
+        }
         let state = &self.classes[class.0];
         match (state.is_probe(), state.kept()) {
             (false, kept) => kept,
             (true, SlotFill::Cached) => SlotFill::Bypass,
             (true, _) => SlotFill::Cached,
         }
+    }
+
+    /// Whether the class of the same collective and placement nearest in
+    /// size to `class` among those past their trials keeps `Bypass` (the
+    /// smaller of two as near; `Cached` where none is). Which fill is faster
+    /// follows where the host has put the two vCPUs, the same for every
+    /// size, so a new size starts on what the sizes beside it measured
+    /// instead of on plain stores: on the 2-vCPU EPYC VM, in a state where
+    /// plain fills ran a 256 KiB all_reduce at 126 µs and non-temporal ones
+    /// at 28, each new size ran its calls 6 to 12 at 126 until its trials
+    /// moved it (9 to 13 calls to steady at 256 KiB, now 3 to 7). Its own
+    /// trials still decide.
+    fn nearest_decided(&self, class: CallClass) -> bool {
+        let (kind, size) = (class.0 / SIZE_CLASSES, class.0 % SIZE_CLASSES);
+        let decided = |size: usize| {
+            let state = &self.classes[kind * SIZE_CLASSES + size];
+            (state.calls >= TRIALS.end).then_some(state.bypass)
+        };
+        (1..SIZE_CLASSES)
+            .find_map(|distance| {
+                let smaller = size.checked_sub(distance).and_then(decided);
+                let larger = Some(size + distance)
+                    .filter(|&size| size < SIZE_CLASSES)
+                    .and_then(decided);
+                smaller.or(larger)
+            })
+            .unwrap_or(false)
     }
 
     /// Records that the call `choose` was last asked about for `class`
@@ -230,10 +262,20 @@ mod tests {
         calls: u32,
         nanos: impl Fn(u32, SlotFill) -> u64,
     ) -> Vec<SlotFill> {
+        run_class(chooser, CLASS(), calls, nanos)
+    }
+
+    /// `run` for calls of `class`.
+    fn run_class(
+        chooser: &mut FillChooser,
+        class: CallClass,
+        calls: u32,
+        nanos: impl Fn(u32, SlotFill) -> u64,
+    ) -> Vec<SlotFill> {
         (0..calls)
             .map(|call| {
-                let fill = chooser.choose(CLASS());
-                chooser.record(CLASS(), nanos(call, fill));
+                let fill = chooser.choose(class);
+                chooser.record(class, nanos(call, fill));
                 fill
             })
             .collect()
@@ -296,6 +338,42 @@ mod tests {
         let mut chooser = FillChooser::new();
         run(&mut chooser, 12, fast_cache);
         assert_eq!(chooser.choose(CLASS()), Cached);
+    }
+
+    #[test]
+    fn a_new_size_starts_on_the_fill_its_nearest_decided_size_keeps() {
+        use SlotFill::{Bypass, Cached};
+        let all_reduce =
+            |bytes: usize, in_place| CallClass::new(CallKind::AllReduce, bytes, in_place);
+        let mut chooser = FillChooser::new();
+        // 64 KiB decides on bypass in its trials (plain fills slow).
+        run_class(&mut chooser, all_reduce(64 << 10, false), 12, slow_cache);
+        // 256 KiB starts there, and its trials try plain stores.
+        let fills = run_class(&mut chooser, all_reduce(256 << 10, false), 12, slow_cache);
+        assert_eq!(fills[..8], [Bypass; 8]);
+        assert_eq!(fills[8..], [Cached, Bypass, Cached, Bypass]);
+        // Not another placement's or collective's: those start on plain
+        // stores until a class of their own has decided.
+        assert_eq!(chooser.choose(all_reduce(256 << 10, true)), Cached);
+        assert_eq!(
+            chooser.choose(CallClass::new(CallKind::AllGather, 256 << 10, false)),
+            Cached
+        );
+        // Its own trials still decide: 1 MiB, where plain fills are faster,
+        // starts on bypass and keeps plain stores after call 11.
+        let fills = run_class(&mut chooser, all_reduce(1 << 20, false), 12, fast_cache);
+        assert_eq!(fills[..8], [Bypass; 8]);
+        assert_eq!(chooser.choose(all_reduce(1 << 20, false)), Cached);
+        // The nearest decided size: 4 MiB is nearer 1 MiB (plain) than 64 KiB
+        // (bypass); 512 KiB lies between 256 KiB (bypass) and 1 MiB (plain),
+        // as near to both, and takes the smaller's.
+        assert_eq!(chooser.choose(all_reduce(4 << 20, false)), Cached);
+        assert_eq!(chooser.choose(all_reduce(512 << 10, false)), Bypass);
+        // A class that has begun keeps its own course: 256 KiB in place,
+        // once past its first call, is not moved by what others decide.
+        run_class(&mut chooser, all_reduce(256 << 10, true), 1, fast_cache);
+        run_class(&mut chooser, all_reduce(128 << 10, true), 12, slow_cache);
+        assert_eq!(chooser.choose(all_reduce(256 << 10, true)), Cached);
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl Agreement {
     /// trial they are due (`slot_fill`). The call's time reaches them in
     /// `finish`.
     fn decide_fill(&mut self, class: CallClass) -> bool {
-        let Some(chooser) = &self.fill_chooser else {
+        let Some(chooser) = &mut self.fill_chooser else {
             return false;
         };
         self.measured = Some((class, monotonic_ns()));
