@@ -15,10 +15,9 @@
 //! once its first calls have warmed the caches (`TRIALS`) and keeps the
 //! faster, then runs one call in `PROBE_EVERY` on the other fill and keeps
 //! it when that call took clearly less time than the kept fill's recent
-//! calls. Probes alone took tens of calls to leave a
-//! slow start: on the EPYC, out-of-place 256 KiB calls ran at ~200 µs on
-//! plain fills until the 64th call's probe, where the other fill ran them
-//! at ~60.
+//! calls. Probes alone took tens of calls to leave a slow start: on the
+//! EPYC, out-of-place 256 KiB calls ran at ~200 µs on plain fills until the
+//! 64th call's probe, where the other fill ran them at ~60.
 //!
 //! Rank 0 chooses, from its own call times, as it chooses the chunk, and the
 //! call's descriptor carries the choice to the others (`bypass_slots`). Ranks
@@ -197,8 +196,8 @@ impl FillChooser {
     /// instead of on plain stores: on the 2-vCPU EPYC VM, in a state where
     /// plain fills ran a 256 KiB all_reduce at 126 µs and non-temporal ones
     /// at 28, each new size ran its calls 6 to 12 at 126 until its trials
-    /// moved it (9 to 13 calls to steady at 256 KiB, now 3 to 7). Its own
-    /// trials still decide.
+    /// moved it (calls to steady at 256 KiB, median and 90th percentile:
+    /// 9 and 14 before, 6 and 8 after). Its own trials still decide.
     fn nearest_decided(&self, class: CallClass) -> bool {
         let (kind, size) = (class.0 / SIZE_CLASSES, class.0 % SIZE_CLASSES);
         let decided = |size: usize| {
