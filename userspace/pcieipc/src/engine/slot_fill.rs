@@ -13,11 +13,18 @@
 //! states, so each class of call (kind, power-of-two size, in place or
 //! not) starts on the fill its nearest decided size keeps, tries both fills
 //! once its first calls have warmed the caches (`TRIALS`) and keeps the
-//! faster, then runs one call in `PROBE_EVERY` on the other fill and keeps
-//! it when that call took clearly less time than the kept fill's recent
-//! calls. Probes alone took tens of calls to leave a slow start: on the
-//! EPYC, out-of-place 256 KiB calls ran at ~200 µs on plain fills until the
-//! 64th call's probe, where the other fill ran them at ~60.
+//! faster. After that a call runs on the other fill (a probe) when the kept
+//! fill's recent calls have slowed clearly past what they took when it was
+//! last confirmed (the host moved the vCPUs), and otherwise after a run of
+//! kept calls that doubles from 64 to `PROBE_EVERY` while probes lose,
+//! which finds the other fill grown faster; the class moves when the probe
+//! took clearly less time than the kept fill's recent calls. Probes thin out
+//! because a probe on the slower fill is one slow call: with one call in 64
+//! they were the p99 of 512 KiB calls on the EPYC (5× the median), and
+//! p99.7 is the tail this project promises. Probes alone
+//! took tens of calls to leave a slow start: on the EPYC, out-of-place 256
+//! KiB calls ran at ~200 µs on plain fills until the 64th call's probe,
+//! where the other fill ran them at ~60.
 //!
 //! Rank 0 chooses, from its own call times, as it chooses the chunk, and the
 //! call's descriptor carries the choice to the others (`bypass_slots`). Ranks
@@ -56,8 +63,27 @@ impl SlotFill {
     }
 }
 
-/// One call of a class in this many runs on the fill not kept.
-pub(crate) const PROBE_EVERY: u32 = 64;
+/// The longest run of kept calls between two probes, whatever the kept
+/// fill's times: 0.1% of the calls, below the 0.3% that p99.7 leaves, so
+/// that probes on the slower fill are not the tail. On the EPYC VM, one
+/// probe in 1,024 calls instead of one in 64 took the p99 of 512 KiB
+/// in-place calls from 63–65 µs to 46–53. The run starts at `PROBE_GAP`
+/// after a class's trials and after every move, and doubles after every
+/// probe that loses: a class that has just decided is checked as often as
+/// before, one that has held for a thousand calls rarely.
+const PROBE_EVERY: u32 = 1024;
+/// The next call probes when the kept fill's typical time has grown past
+/// this multiple of its time when last confirmed (the inverse of
+/// `PROBE_WINS_BELOW`: a change a probe could act on), and at least
+/// `PROBE_GAP` calls have run since the last probe. The host's state
+/// changes show in the kept fill's own times, so the class follows them
+/// within `RECENT_CALLS` / 2 calls instead of waiting for the next periodic
+/// probe.
+const DRIFT_ABOVE: f64 = 1.25;
+/// The fewest calls on the kept fill between two probes: a host whose
+/// state swings back and forth every few calls gets no more probes than
+/// one in this many.
+const PROBE_GAP: u32 = 64;
 /// A class's calls in this range alternate the fills, the other first, and
 /// after them the class keeps the faster; two calls of each, a fill's better
 /// one its time, so one stalled call does not decide. Not from call 0: a
@@ -93,6 +119,18 @@ struct Class {
     recent: [u64; RECENT_CALLS],
     filled: usize,
     next: usize,
+    /// The kept fill's typical time when it was last confirmed (its recent
+    /// calls first filled after a decision, a probe lost, or they ran
+    /// faster since): what drift is measured against.
+    confirmed: Option<u64>,
+    /// The kept fill has drifted: the next call probes.
+    drifted: bool,
+    /// Calls on the kept fill since the last probe or trial (saturating).
+    since_probe: u32,
+    /// Kept calls from one periodic probe to the next: `PROBE_GAP` at
+    /// first, doubled by every lost probe up to `PROBE_EVERY` (0 before the
+    /// first trial: read as `PROBE_GAP`).
+    probe_interval: u32,
 }
 
 impl Class {
@@ -110,19 +148,29 @@ impl Class {
     }
 
     /// Whether the next call runs on the fill not kept: every other trial
-    /// (the first included), or a probe.
+    /// (the first included), or a probe (drift, or the periodic one).
     fn is_probe(&self) -> bool {
         if self.in_trials() {
             return (self.calls - TRIALS.start).is_multiple_of(2);
         }
-        self.calls % PROBE_EVERY == PROBE_EVERY - 1
+        self.drifted || self.since_probe >= self.probe_interval.max(PROBE_GAP)
     }
 
     fn flip(&mut self, nanos: u64) {
         self.bypass = !self.bypass;
         self.filled = 0;
         self.next = 0;
+        self.confirmed = None;
+        self.probe_interval = PROBE_GAP;
         self.remember(nanos);
+    }
+
+    /// After a probe that did not win: the kept fill's present times are
+    /// its new reference, so that a host slower for both fills is not
+    /// probed again and again, and the next periodic probe comes later.
+    fn confirm(&mut self) {
+        self.confirmed = self.typical_nanos();
+        self.probe_interval = (self.probe_interval.max(PROBE_GAP) * 2).min(PROBE_EVERY);
     }
 
     fn typical_nanos(&self) -> Option<u64> {
@@ -136,6 +184,24 @@ impl Class {
         self.recent[self.next] = nanos;
         self.next = (self.next + 1) % RECENT_CALLS;
         self.filled = (self.filled + 1).min(RECENT_CALLS);
+    }
+
+    /// After a kept call past the trials: the reference follows the kept
+    /// fill down, and a rise past `DRIFT_ABOVE` asks for a probe.
+    fn watch_drift(&mut self) {
+        if self.filled < RECENT_CALLS {
+            return;
+        }
+        let Some(typical) = self.typical_nanos() else {
+            return;
+        };
+        match self.confirmed {
+            Some(confirmed) if typical > confirmed => {
+                self.drifted = typical as f64 > confirmed as f64 * DRIFT_ABOVE
+                    && self.since_probe >= PROBE_GAP;
+            }
+            _ => self.confirmed = Some(typical),
+        }
     }
 }
 
@@ -223,6 +289,7 @@ impl FillChooser {
         if state.in_trials() {
             if state.is_probe() {
                 state.other_best = best(state.other_best);
+                state.since_probe = 0;
             } else {
                 state.kept_best = best(state.kept_best);
                 state.remember(nanos);
@@ -240,9 +307,15 @@ impl FillChooser {
                 .is_some_and(|typical| (nanos as f64) < typical as f64 * PROBE_WINS_BELOW);
             if wins {
                 state.flip(nanos);
+            } else {
+                state.confirm();
             }
+            state.drifted = false;
+            state.since_probe = 0;
         } else {
+            state.since_probe = state.since_probe.saturating_add(1);
             state.remember(nanos);
+            state.watch_drift();
         }
         state.calls = state.calls.wrapping_add(1);
     }
@@ -294,15 +367,29 @@ mod tests {
         }
     }
 
+    /// The calls of a class that probe while every probe loses and nothing
+    /// drifts, up to `calls`: the trials' two, then after runs of kept
+    /// calls doubling from `PROBE_GAP` to `PROBE_EVERY`.
+    fn periodic_probes(calls: u32) -> Vec<u32> {
+        let mut probes = vec![TRIALS.start, TRIALS.start + 2];
+        let (mut next, mut run) = (TRIALS.end + PROBE_GAP, PROBE_GAP);
+        while next < calls {
+            probes.push(next);
+            run = (2 * run).min(PROBE_EVERY);
+            next += 1 + run;
+        }
+        probes
+    }
+
     #[test]
-    fn keeps_plain_stores_while_they_are_faster_probing_one_call_in_64() {
+    fn keeps_plain_stores_while_they_are_faster_probing_ever_more_rarely() {
         let mut chooser = FillChooser::new();
         let fills = run(&mut chooser, 4 * PROBE_EVERY, fast_cache);
+        let probes = periodic_probes(4 * PROBE_EVERY);
+        assert_eq!(probes, [8, 10, 76, 205, 462, 975, 2000, 3025, 4050]);
         for (call, fill) in fills.iter().enumerate() {
             let call = call as u32;
-            let trial = call == TRIALS.start || call == TRIALS.start + 2;
-            let probe = trial || call % PROBE_EVERY == PROBE_EVERY - 1;
-            let expected = if probe {
+            let expected = if probes.contains(&call) {
                 SlotFill::Bypass
             } else {
                 SlotFill::Cached
@@ -324,7 +411,7 @@ mod tests {
         use SlotFill::{Bypass, Cached};
         assert_eq!(fills[..8], [Cached; 8]);
         assert_eq!(fills[8..], [Bypass, Cached, Bypass, Cached]);
-        let fills = run(&mut chooser, PROBE_EVERY - 13, slow_cache);
+        let fills = run(&mut chooser, PROBE_GAP, slow_cache);
         assert!(fills.iter().all(|fill| *fill == Bypass), "{fills:?}");
         // One stalled trial call does not decide: the other trial counts.
         let mut chooser = FillChooser::new();
@@ -377,27 +464,70 @@ mod tests {
 
     #[test]
     fn moves_to_bypass_when_cached_reads_slow_down_and_back_when_they_recover() {
+        use SlotFill::{Bypass, Cached};
         let mut chooser = FillChooser::new();
-        run(&mut chooser, PROBE_EVERY, fast_cache);
-        // The host moves the vCPUs: the next probe finds bypass faster.
-        let fills = run(&mut chooser, PROBE_EVERY, slow_cache);
-        assert_eq!(fills[..PROBE_EVERY as usize - 1], [SlotFill::Cached; 63]);
-        assert_eq!(fills[PROBE_EVERY as usize - 1], SlotFill::Bypass);
-        assert_eq!(chooser.choose(CLASS()), SlotFill::Bypass);
-        // While it lasts, bypass stays; the probes try plain stores.
+        // Past the trials and the first periodic probe (call 76), by more
+        // than PROBE_GAP calls.
+        run(&mut chooser, 150, fast_cache);
+        // The host moves the vCPUs: once the median of the kept fill's
+        // recent calls has slowed (4 of 8), the next call (154) probes,
+        // finds bypass faster and keeps it.
+        let fills = run(&mut chooser, 6, slow_cache);
+        assert_eq!(fills, [Cached, Cached, Cached, Cached, Bypass, Bypass]);
+        // While it lasts, bypass stays; periodic probes try plain stores
+        // after runs of 64, 128, 256, 512 and 1024 kept calls (calls 219,
+        // 348, 605, 1118 and 2143).
         let fills = run(&mut chooser, 2 * PROBE_EVERY, slow_cache);
-        assert_eq!(
-            fills
-                .iter()
-                .filter(|fill| **fill == SlotFill::Cached)
-                .count(),
-            2
-        );
-        assert_eq!(chooser.choose(CLASS()), SlotFill::Bypass);
-        // Back in the fast state, the next probe returns to plain stores.
+        let probes: Vec<usize> = (0..fills.len())
+            .filter(|&call| fills[call] == Cached)
+            .collect();
+        assert_eq!(probes, [219, 348, 605, 1118, 2143].map(|call| call - 156));
+        assert_eq!(chooser.choose(CLASS()), Bypass);
+        // Back in the fast state bypass runs as before, so only the next
+        // periodic probe (call 3168) finds plain stores faster again.
         let fills = run(&mut chooser, PROBE_EVERY, fast_cache);
-        assert_eq!(fills[PROBE_EVERY as usize - 1], SlotFill::Cached);
-        assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
+        let first_cached = fills.iter().position(|fill| *fill == Cached);
+        assert_eq!(first_cached, Some(3168 - 2204));
+        assert!(
+            fills[3168 - 2204..].iter().all(|fill| *fill == Cached),
+            "{fills:?}"
+        );
+    }
+
+    #[test]
+    fn a_host_slower_for_both_fills_is_probed_once_per_change() {
+        use SlotFill::{Bypass, Cached};
+        let mut chooser = FillChooser::new();
+        run(&mut chooser, 180, fast_cache);
+        // Both fills 2.3 times slower: one probe (call 184, the fifth slow
+        // one), lost; plain stores stay and are not probed again before
+        // the next periodic probe (call 441).
+        let slower = |_, fill| match fill {
+            Cached => 50_000,
+            _ => 92_000,
+        };
+        let fills = run(&mut chooser, 200, slower);
+        let probes: Vec<usize> = (0..fills.len())
+            .filter(|&call| fills[call] == Bypass)
+            .collect();
+        assert_eq!(probes, [4]);
+        // Slower again at once: drift shows after 4 calls, but the probe
+        // waits until PROBE_GAP kept calls have run since the last one.
+        let mut chooser = FillChooser::new();
+        run(&mut chooser, 180, fast_cache);
+        let fills = run(&mut chooser, 5 + 10, slower);
+        assert_eq!(fills.iter().filter(|fill| **fill == Bypass).count(), 1);
+        let slowest = |_, fill| match fill {
+            Cached => 90_000,
+            _ => 160_000,
+        };
+        let fills = run(&mut chooser, 100, slowest);
+        let probes: Vec<usize> = (0..fills.len())
+            .filter(|&call| fills[call] == Bypass)
+            .collect();
+        // The last probe was call 184 of the class and this run starts at
+        // 195.
+        assert_eq!(probes, [184 + PROBE_GAP as usize + 1 - 195]);
     }
 
     #[test]
@@ -409,13 +539,19 @@ mod tests {
             _ => 36_000,
         });
         assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
-        // A kept call stalled for milliseconds does not move the median.
+        // A kept call stalled for milliseconds just before the first
+        // periodic probe moves neither the median nor the reference.
         let mut chooser = FillChooser::new();
-        run(&mut chooser, PROBE_EVERY, |call, fill| match (call, fill) {
-            (62, _) => 3_000_000,
-            (_, SlotFill::Cached) => 22_000,
-            _ => 40_000,
-        });
+        let stalled = TRIALS.end + PROBE_GAP - 1;
+        run(
+            &mut chooser,
+            2 * PROBE_GAP + TRIALS.end,
+            |call, fill| match (call, fill) {
+                (call, _) if call == stalled => 3_000_000,
+                (_, SlotFill::Cached) => 22_000,
+                _ => 40_000,
+            },
+        );
         assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
     }
 
