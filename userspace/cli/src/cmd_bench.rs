@@ -547,9 +547,7 @@ fn run_rank(args: &Args, rank: usize, rendezvous: &str) -> anyhow::Result<ExitCo
                 CudaOptions {
                     control: options(args, rank)?,
                     chunk_bytes: args.chunk_bytes.unwrap_or(defaults.chunk_bytes),
-                    one_shot_read_budget: args
-                        .one_shot_bytes
-                        .unwrap_or(defaults.one_shot_read_budget),
+                    one_shot_read_budget: args.one_shot_bytes,
                     algorithm: args.algorithm,
                     peer_to_peer: if args.p2p == "off" {
                         PeerToPeer::Off

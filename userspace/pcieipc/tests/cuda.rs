@@ -560,7 +560,7 @@ fn a_hostile_rank_0s_staging_geometry_is_refused() {
                     "one-shot",
                     usize::MAX - 7,
                     CudaOptions {
-                        one_shot_read_budget: usize::MAX - 7,
+                        one_shot_read_budget: Some(usize::MAX - 7),
                         ..honest.clone()
                     },
                 ),

@@ -17,7 +17,9 @@ use super::gpu_handoff::{
 use super::host_handoff::HostHandoff;
 use super::ipc::HANDLE_WORDS;
 use super::kernels::{HANDOFF_BLOCKS, HANDOFF_MAX_RANKS};
-use super::options::{CopyEnginePlan, CudaOptions, DataPath, Handoff, PeerToPeer};
+use super::options::{
+    CopyEnginePlan, CudaOptions, DataPath, Handoff, PeerToPeer, DEFAULT_ONE_SHOT_READ_BYTES,
+};
 use super::registration::Registrations;
 use super::staging::{PeerToPeerCheck, Staging, StagingLayout, UndersizedPeerBlock};
 use crate::engine::{Algorithm, AlgorithmChoice, CommOptions, Communicator, EngineError};
@@ -36,6 +38,22 @@ const MAX_STAGING_SLOT_BYTES: usize = 1 << 30;
 /// The largest one-shot buffer (one-shot budget) a rank accepts from rank 0:
 /// 4096 times the default, bounded for the same reasons.
 const MAX_ONE_SHOT_BYTES: usize = 1 << 30;
+
+/// Rank 0's word for "one-shot budget unset: the path's default".
+const ONE_SHOT_DEFAULT: i64 = -1;
+
+/// Rank 0's word for its `one_shot_read_budget`: `ONE_SHOT_DEFAULT` when
+/// unset, else the bytes as they wrap into an i64, so that a peer refusing
+/// a size too large shows it as set (`word as u64`). The one size that
+/// would wrap onto `ONE_SHOT_DEFAULT`, `usize::MAX`, goes as `i64::MIN`:
+/// refused too, never read as unset.
+fn one_shot_word(budget: Option<usize>) -> i64 {
+    match budget.map(|bytes| bytes as i64) {
+        None => ONE_SHOT_DEFAULT,
+        Some(ONE_SHOT_DEFAULT) => i64::MIN,
+        Some(word) => word,
+    }
+}
 
 /// Rank 0's word for "through host memory, never by the copy engines".
 const COPY_ENGINES_NEVER: i64 = -1;
@@ -97,7 +115,7 @@ impl CudaCommunicator {
         };
         let mut geometry = [
             options.chunk_bytes as i64,
-            options.one_shot_read_budget as i64,
+            one_shot_word(options.one_shot_read_budget),
             window as i64,
             options.handoff as i64,
             copy_engines_from,
@@ -152,12 +170,16 @@ impl CudaCommunicator {
                 geometry[0] as u64
             ))
         })?;
-        let one_shot_bytes = staging_bytes(geometry[1], MAX_ONE_SHOT_BYTES).ok_or_else(|| {
-            refused(format!(
-                "one-shot budget of {} bytes (0 to {MAX_ONE_SHOT_BYTES})",
-                geometry[1] as u64
-            ))
-        })?;
+        let one_shot_budget = match geometry[1] {
+            ONE_SHOT_DEFAULT => None,
+            word => Some(staging_bytes(word, MAX_ONE_SHOT_BYTES).ok_or_else(|| {
+                refused(format!(
+                    "one-shot budget of {} bytes (0 to {MAX_ONE_SHOT_BYTES})",
+                    word as u64
+                ))
+            })?),
+        };
+        let one_shot_bytes = one_shot_budget.unwrap_or(DEFAULT_ONE_SHOT_READ_BYTES);
         let steps = 2 * nranks.saturating_sub(1);
         let layout = StagingLayout::new(slot_bytes, steps, one_shot_bytes).ok_or_else(|| {
             refused(format!(
@@ -256,7 +278,7 @@ impl CudaCommunicator {
                 blocks,
                 timeout: options.handoff_timeout,
                 algorithm: options.algorithm,
-                one_shot_bytes: layout.one_shot_bytes(),
+                one_shot_bytes: GpuHandoff::one_shot_bytes(one_shot_budget, through_host, nranks),
                 copy_engines: CopyEnginePlan {
                     from_bytes: copy_engines_from,
                     chunk_bytes: copy_chunk_bytes,
@@ -317,6 +339,19 @@ mod tests {
             (-8, None),
         ] {
             assert_eq!(staging_bytes(word, MAX_STAGING_SLOT_BYTES), bytes, "{word}");
+        }
+    }
+
+    #[test]
+    fn an_unset_one_shot_budget_has_a_word_no_size_shares() {
+        assert_eq!(one_shot_word(None), ONE_SHOT_DEFAULT);
+        assert_eq!(one_shot_word(Some(256 << 10)), 256 << 10);
+        // Sizes past i64 wrap, and are shown as set when refused.
+        assert_eq!(one_shot_word(Some(usize::MAX - 7)) as u64, u64::MAX - 7);
+        assert_ne!(one_shot_word(Some(usize::MAX)), ONE_SHOT_DEFAULT);
+        for bytes in [usize::MAX - 7, usize::MAX, 1 << 63, (1 << 30) + 1] {
+            let word = one_shot_word(Some(bytes));
+            assert_eq!(staging_bytes(word, MAX_ONE_SHOT_BYTES), None, "{bytes}");
         }
     }
 }

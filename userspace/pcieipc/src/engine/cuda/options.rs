@@ -40,6 +40,11 @@ pub enum PeerRead {
     CopyEngine,
 }
 
+/// The one-shot read budget where `CudaOptions::one_shot_read_budget` is
+/// unset, but for the GPU hand-off through host memory; also the size of the
+/// staging block's one-shot buffers then.
+pub(crate) const DEFAULT_ONE_SHOT_READ_BYTES: usize = 256 << 10;
+
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
     /// The host control plane's options (its transport, rendezvous and peer
@@ -48,9 +53,10 @@ pub struct CudaOptions {
     /// Bytes per ring chunk, one staging slot each. Rank 0's value is used.
     pub chunk_bytes: usize,
     /// all_reduce goes one-shot while bytes·(N−1) fits this budget (and N is
-    /// at most 8); it is also the size of each one-shot buffer. Rank 0's
-    /// value is used.
-    pub one_shot_read_budget: usize,
+    /// at most 8); it is also the size of each one-shot buffer. `None`:
+    /// `DEFAULT_ONE_SHOT_READ_BYTES`, and on the GPU hand-off through pinned
+    /// host memory 1 MiB (`gpu_handoff::plan`). Rank 0's value is used.
+    pub one_shot_read_budget: Option<usize>,
     pub algorithm: AlgorithmChoice,
     pub peer_to_peer: PeerToPeer,
     pub peer_read: PeerRead,
@@ -98,7 +104,7 @@ impl Default for CudaOptions {
         CudaOptions {
             control: CommOptions::default(),
             chunk_bytes: 16 << 20,
-            one_shot_read_budget: 256 << 10,
+            one_shot_read_budget: None,
             algorithm: AlgorithmChoice::Auto,
             peer_to_peer: PeerToPeer::Auto,
             peer_read: PeerRead::Direct,

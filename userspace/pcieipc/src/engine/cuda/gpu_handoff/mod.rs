@@ -132,6 +132,16 @@ impl GpuHandoff {
         Blocks::bytes(nranks, window)
     }
 
+    /// The one-shot budget per message for rank 0's `one_shot_read_budget`
+    /// on this path (`plan::one_shot_bytes`).
+    pub(super) fn one_shot_bytes(
+        budget: Option<usize>,
+        through_host: bool,
+        nranks: usize,
+    ) -> usize {
+        plan::one_shot_bytes(budget, through_host, nranks)
+    }
+
     /// The grid a rank proposes: at most one block per multiprocessor, so
     /// that every block of a launch is resident while it spins.
     pub(super) fn proposed_blocks(gpu: &Gpu) -> u32 {

@@ -12,6 +12,7 @@ use std::ops::Range;
 use crate::engine::cuda::kernels::{
     HandoffKernel, HandoffLaunch, SegmentsArg, HANDOFF_BLOCKS, HANDOFF_MAX_RANKS,
 };
+use crate::engine::cuda::options::DEFAULT_ONE_SHOT_READ_BYTES;
 use crate::engine::schedule::{self, clip, Direct, Limits};
 use crate::engine::{Algorithm, AlgorithmChoice, CallKind, ReduceOp};
 
@@ -36,6 +37,31 @@ const BYTES_PER_BLOCK: usize = 32 << 10;
 /// copy engines 0.38, 4 MiB both about half, 8 MiB and more the copy engines
 /// faster (`CudaOptions::copy_engines_from`).
 pub(crate) const DEFAULT_COPY_ENGINES_FROM: usize = 4 << 20;
+
+/// Through host memory, by default all_reduce goes one-shot while its
+/// message times N − 1 is at most this (`CudaOptions::one_shot_read_budget`
+/// unset; 256 KiB elsewhere). One-shot moves the same bytes through the
+/// link as two-shot for 2 ranks, in one phase of PCIe round trips instead
+/// of two: on H100s, 2 ranks under MPS, alternating with two-shot (three
+/// runs), 512 KiB ran 1.09–1.22 times and 1 MiB 1.00–1.13 times as fast,
+/// 2 MiB 0.92–0.95 (docs/results.md, Through host memory). With more ranks each GPU reads N − 1 messages back, so the
+/// budget is of reads, as elsewhere (measured with 2 ranks only).
+const DEFAULT_THROUGH_HOST_ONE_SHOT_READ_BYTES: usize = 1 << 20;
+
+/// The hand-off's one-shot budget per message (`limits`' `one_shot_bytes`)
+/// for rank 0's `CudaOptions::one_shot_read_budget`: as set, or the path's
+/// default read budget shared among the N − 1 peers a rank reads (in whole
+/// vectors).
+pub(super) fn one_shot_bytes(budget: Option<usize>, through_host: bool, nranks: usize) -> usize {
+    budget.unwrap_or_else(|| {
+        if through_host {
+            (DEFAULT_THROUGH_HOST_ONE_SHOT_READ_BYTES / nranks.saturating_sub(1).max(1))
+                .next_multiple_of(VECTOR_BYTES)
+        } else {
+            DEFAULT_ONE_SHOT_READ_BYTES
+        }
+    })
+}
 
 /// Bytes of a copy engines' chunk of one rank's segment, about, by default
 /// (`CudaOptions::copy_chunk_bytes`): the copies of one chunk overlap the
@@ -221,6 +247,34 @@ mod tests {
     use crate::engine::DType;
 
     const ONE_SHOT_BYTES: usize = 256 << 10;
+
+    #[test]
+    fn through_host_memory_the_default_one_shot_budget_is_1_mib_of_reads() {
+        let auto = |bytes, nranks, through_host| {
+            let per_message = one_shot_bytes(None, through_host, nranks);
+            let limits = limits(per_message, 32 << 20, nranks);
+            algorithm(
+                CallKind::AllReduce,
+                bytes,
+                nranks,
+                AlgorithmChoice::Auto,
+                &limits,
+            )
+        };
+        // 2 ranks through host: one-shot up to 1 MiB, two-shot above.
+        assert_eq!(auto(1 << 20, 2, true), Algorithm::OneShot);
+        assert_eq!(auto((1 << 20) + 16, 2, true), Algorithm::Direct);
+        // Peer to peer: 256 KiB, as the host hand-off's staging.
+        assert_eq!(auto(256 << 10, 2, false), Algorithm::OneShot);
+        assert_eq!(auto((256 << 10) + 16, 2, false), Algorithm::Direct);
+        // 4 ranks through host read 3 messages: 1 MiB / 3 each, in vectors.
+        assert_eq!(one_shot_bytes(None, true, 4), 349_536);
+        assert_eq!(auto(349_536, 4, true), Algorithm::OneShot);
+        assert_eq!(auto(349_552, 4, true), Algorithm::Direct);
+        // A budget set by rank 0 holds on either path, per message.
+        assert_eq!(one_shot_bytes(Some(4 << 20), true, 2), 4 << 20);
+        assert_eq!(one_shot_bytes(Some(64 << 10), false, 4), 64 << 10);
+    }
 
     #[test]
     fn auto_takes_one_shot_within_the_budget_and_a_window_and_direct_above() {
