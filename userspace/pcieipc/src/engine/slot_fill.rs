@@ -186,8 +186,9 @@ impl Class {
         self.filled = (self.filled + 1).min(RECENT_CALLS);
     }
 
-    /// After a kept call past the trials: the reference follows the kept
-    /// fill down, and a rise past `DRIFT_ABOVE` asks for a probe.
+    /// After a kept call outside the trials: the reference follows the kept
+    /// fill down (from the warming calls before the trials on), and a rise
+    /// past `DRIFT_ABOVE` asks for a probe.
     fn watch_drift(&mut self) {
         if self.filled < RECENT_CALLS {
             return;
