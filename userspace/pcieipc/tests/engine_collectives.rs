@@ -708,14 +708,15 @@ fn trace_prefix(test: &str, test_process: u32) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("pcieipc-{test}-{test_process}"))
 }
 
-/// With the default options, 128 ring all_reduce calls of 64 KiB and 128
-/// of 2 MiB (where the all-gather reads single-copy): every result exact,
-/// whichever way the slots were filled, and the calls' fills as rank 0
-/// decided them, per size (engine/slot_fill.rs).
 /// Calls of each class in `slot_fills`: past the first probe after the
 /// trials (call 76: 64 kept calls after call 11).
 const FILL_CALLS: usize = 80;
 
+/// With the default options, FILL_CALLS ring all_reduce calls of 64 KiB
+/// and as many of 2 MiB (where the all-gather reads single-copy), each out
+/// of place and in place: every result exact, whichever way the slots were
+/// filled, and the calls' fills as rank 0 decided them, per size
+/// (engine/slot_fill.rs).
 fn slot_fills(role: Role, test: &str) {
     let options = CommOptions {
         trace: Some(trace_prefix(test, std::os::unix::process::parent_id())),

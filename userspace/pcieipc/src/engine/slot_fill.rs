@@ -354,6 +354,13 @@ mod tests {
             .collect()
     }
 
+    /// The positions in `fills` of the calls that ran on `fill`.
+    fn calls_on(fills: &[SlotFill], fill: SlotFill) -> Vec<usize> {
+        (0..fills.len())
+            .filter(|&call| fills[call] == fill)
+            .collect()
+    }
+
     fn fast_cache(_: u32, fill: SlotFill) -> u64 {
         match fill {
             SlotFill::Cached => 22_000,
@@ -479,9 +486,7 @@ mod tests {
         // after runs of 64, 128, 256, 512 and 1024 kept calls (calls 219,
         // 348, 605, 1118 and 2143).
         let fills = run(&mut chooser, 2 * PROBE_EVERY, slow_cache);
-        let probes: Vec<usize> = (0..fills.len())
-            .filter(|&call| fills[call] == Cached)
-            .collect();
+        let probes = calls_on(&fills, Cached);
         assert_eq!(probes, [219, 348, 605, 1118, 2143].map(|call| call - 156));
         assert_eq!(chooser.choose(CLASS()), Bypass);
         // Back in the fast state bypass runs as before, so only the next
@@ -508,9 +513,7 @@ mod tests {
             _ => 92_000,
         };
         let fills = run(&mut chooser, 200, slower);
-        let probes: Vec<usize> = (0..fills.len())
-            .filter(|&call| fills[call] == Bypass)
-            .collect();
+        let probes = calls_on(&fills, Bypass);
         assert_eq!(probes, [4]);
         // Slower again at once: drift shows after 4 calls, but the probe
         // waits until PROBE_GAP kept calls have run since the last one.
@@ -523,9 +526,7 @@ mod tests {
             _ => 160_000,
         };
         let fills = run(&mut chooser, 100, slowest);
-        let probes: Vec<usize> = (0..fills.len())
-            .filter(|&call| fills[call] == Bypass)
-            .collect();
+        let probes = calls_on(&fills, Bypass);
         // The last probe was call 184 of the class and this run starts at
         // 195.
         assert_eq!(probes, [184 + PROBE_GAP as usize + 1 - 195]);

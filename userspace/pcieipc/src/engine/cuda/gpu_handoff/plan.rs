@@ -44,8 +44,9 @@ pub(crate) const DEFAULT_COPY_ENGINES_FROM: usize = 4 << 20;
 /// link as two-shot for 2 ranks, in one phase of PCIe round trips instead
 /// of two: on H100s, 2 ranks under MPS, alternating with two-shot (three
 /// runs), 512 KiB ran 1.09–1.22 times and 1 MiB 1.00–1.13 times as fast,
-/// 2 MiB 0.92–0.95 (docs/results.md, Through host memory). With more ranks each GPU reads N − 1 messages back, so the
-/// budget is of reads, as elsewhere (measured with 2 ranks only).
+/// 2 MiB 0.92–0.95 (docs/results.md, Through host memory). With more ranks
+/// each GPU reads N − 1 messages back, so the budget is of reads, as
+/// elsewhere (measured with 2 ranks only).
 const DEFAULT_THROUGH_HOST_ONE_SHOT_READ_BYTES: usize = 1 << 20;
 
 /// The hand-off's one-shot budget per message (`limits`' `one_shot_bytes`)
