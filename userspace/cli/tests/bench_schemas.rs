@@ -127,9 +127,15 @@ fn every_size_reports_its_per_call_distribution() {
             assert!(ladder[0] > 0.0, "{row}");
             assert!(ladder.windows(2).all(|pair| pair[0] <= pair[1]), "{row}");
             // The calls are those the mean time is of: the slowest rank's
-            // calls average at least the ranks' mean.
+            // calls average at least the ranks' mean, less what that mean
+            // also covers outside the calls' stamps (the loop's own clock
+            // reads before the first call and after the last: allowed 1 µs
+            // a loop, spread over its 50 calls). At 8 bytes a call takes
+            // 0.25 µs, and 1% of it (2.5 ns) was once less than that share.
+            let outside_the_stamps_us = 1.0 / 50.0;
             assert!(
-                stat("mean") >= measured["time_us"].as_f64().unwrap() * 0.99,
+                stat("mean")
+                    >= measured["time_us"].as_f64().unwrap() * 0.99 - outside_the_stamps_us,
                 "{row}"
             );
             assert!(
