@@ -136,17 +136,20 @@ for row in report["results"]:
 print(f'link to host memory: limit {link["limit_gb_s"]:.1f} GB/s, link use at 256 MiB '
       f'{report["results"][-1]["out_of_place"]["link_utilisation"]:.2f}')
 CHECK
-    # Each queued call timed by the events between them: 300 calls per size
-    # and placement, the percentiles in order, and their mean the calls'
-    # mean time (the report's time_us, from the host's clock over all of
-    # them) within a quarter.
+    # Each call timed: 300 calls per size and placement, the percentiles in
+    # order, and their mean the report's time_us. On the GPU hand-off (the
+    # calls queued ahead, held by a gate, timed by the events between them,
+    # each the ranks' mean) that is the same sum; on the host hand-off each
+    # call is the slowest rank's and time_us the host's clock over all of
+    # them: within a quarter.
     for handoff in gpu host; do
         log "pcieipc bench --transport cuda --handoff $handoff --json, 2 ranks on GPU 0: per-call latency"
         "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff "$handoff" \
             -b 8 -e 1M -f 32 -n 300 -w 30 -c 1 --latency --json >"$dir/latency-$handoff.json" || failed=1
-        python3 - "$dir/latency-$handoff.json" <<'CHECK' || failed=1
+        python3 - "$dir/latency-$handoff.json" "$handoff" <<'CHECK' || failed=1
 import json, sys
 report = json.load(open(sys.argv[1]))
+margin = 1e-3 if sys.argv[2] == "gpu" else 0.25
 for row in report["results"]:
     for placement in ("out_of_place", "in_place"):
         measured = row[placement]
@@ -155,7 +158,7 @@ for row in report["results"]:
         where = f'{row["size_bytes"]} B {placement}: {latency}, time_us {measured["time_us"]}'
         assert latency["calls"] == 300, where
         assert ladder == sorted(ladder) and ladder[0] > 0, where
-        assert abs(latency["mean"] - measured["time_us"]) <= 0.25 * measured["time_us"] + 1.0, where
+        assert abs(latency["mean"] - measured["time_us"]) <= margin * measured["time_us"] + 1e-3, where
 print(f"per-call latency: {len(report['results'])} sizes checked")
 CHECK
     done

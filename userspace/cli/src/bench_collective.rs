@@ -3,13 +3,13 @@
 //! (buffers in GPU memory). Timing, checking and the table are shared.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use pcieipc::engine::cuda::cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
 use pcieipc::engine::cuda::{
-    CudaCommunicator, DataPath, DeviceBuffer, GpuCall, HostLinks, PeerRead,
+    CudaCommunicator, DataPath, DeviceBuffer, GpuCall, HostLinks, PeerRead, StreamGate,
 };
 use pcieipc::engine::{Algorithm, CallDescriptor, Communicator, Element, ReduceOp};
 
@@ -326,7 +326,10 @@ impl Collective for CudaCommunicator {
     /// On the GPU hand-off calls are queued back to back, and the host's
     /// clock would time their queuing: each call is timed on the GPU, by
     /// events recorded on the stream between calls (created before the
-    /// calls, so the loop only records).
+    /// calls, so the loop only records). The stream is held behind a gate
+    /// until the first calls are queued, so that a host slower to queue a
+    /// call than the GPU is to run it (a preempted thread, a slow launch)
+    /// shows in no call's time.
     fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
         if !self.hands_off_on_gpu() {
             return Ok(CallClock::host(calls));
@@ -335,10 +338,15 @@ impl Collective for CudaCommunicator {
             .map(|_| self.gpu().new_timing_event())
             .collect::<Result<Vec<CudaEvent>, _>>()
             .context("creating the per-call timing events")?;
+        let stream = self.gpu().stream_handle();
+        let gate = StreamGate::hold(self.gpu(), &stream, GATE_HELD_AT_MOST)
+            .context("holding the stream until the timed calls are queued")?;
         Ok(CallClock::Gpu {
-            stream: self.gpu().stream_handle(),
+            stream,
             events,
             marked: 0,
+            gate,
+            opened: false,
         })
     }
 
@@ -351,9 +359,20 @@ impl Collective for CudaCommunicator {
     }
 }
 
+/// How many calls the GPU clock's stream has queued behind its gate when it
+/// opens: at 8 bytes (about 12 µs a call on the GPU, a few to queue on the
+/// host) a head start of 1.5 ms, which grows from there.
+pub const QUEUED_AHEAD: usize = 128;
+
+/// The longest the GPU clock's gate holds its stream: a host that blocks
+/// queuing behind it (a launch queue full of large calls' steps) has it
+/// opened after this.
+const GATE_HELD_AT_MOST: Duration = Duration::from_millis(100);
+
 /// The points between back-to-back calls, from which each call's time is
 /// read: the host's clock where calls return done, events on the GPU's
-/// stream where they are queued (their resolution is about 0.5 us).
+/// stream where they are queued (their resolution is about 0.5 us), the
+/// stream held by `gate` until [`CallClock::open`].
 pub enum CallClock {
     Host {
         stamps: Vec<Instant>,
@@ -363,6 +382,10 @@ pub enum CallClock {
         stream: Arc<CudaStream>,
         events: Vec<CudaEvent>,
         marked: usize,
+        gate: StreamGate,
+        /// Whether `open` has run: every rank opens at the same call, even
+        /// where a gate's backstop opened it first.
+        opened: bool,
     },
 }
 
@@ -390,6 +413,7 @@ impl CallClock {
                 stream,
                 events,
                 marked,
+                ..
             } => {
                 let event = events
                     .get(*marked)
@@ -401,6 +425,25 @@ impl CallClock {
             }
         }
         Ok(())
+    }
+
+    /// Whether calls are timed on the GPU (queued, not returned done).
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, CallClock::Gpu { .. })
+    }
+
+    /// Whether the calls queued so far wait for [`open`](Self::open).
+    pub fn is_held(&self) -> bool {
+        matches!(self, CallClock::Gpu { opened: false, .. })
+    }
+
+    /// Lets the calls queued so far run (the gate is freed with the clock,
+    /// once they have).
+    pub fn open(&mut self) {
+        if let CallClock::Gpu { gate, opened, .. } = self {
+            gate.open();
+            *opened = true;
+        }
     }
 
     /// Each call's time in microseconds, between consecutive marks; the

@@ -4,7 +4,8 @@
 //! memory; the same for the GPU hand-off (forced: ranks on one GPU would
 //! otherwise hand over on the host), with stream-ordered calls and CUDA
 //! graph replay, through device memory and (peer-to-peer off) through
-//! pinned shared host memory, whose GPU links the copy engines measure.
+//! pinned shared host memory, whose GPU links the copy engines measure;
+//! and the gate that holds a stream until calls are queued ahead.
 //! Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
 //! how many GPUs to spread them over.
 //! Built only with `--features gpu-tests`; run by `make test-gpu`.
@@ -19,7 +20,7 @@ use engine_support::{
 };
 use pcieipc::engine::cuda::{
     CudaCommunicator, CudaOptions, DataPath, DeviceBuffer, Gpu, GpuCall, Handoff, PeerRead,
-    PeerToPeer,
+    PeerToPeer, StreamGate,
 };
 use pcieipc::engine::{
     bf16, f16, Algorithm, AlgorithmChoice, CallKind, CommOptions, Communicator, DType, Element,
@@ -1651,5 +1652,47 @@ fn gpu_handoff_mismatched_calls_are_named_at_once() {
         2,
         LIMIT,
         mismatched_calls_handed_off,
+    );
+}
+
+/// A stream held by a gate runs nothing queued after it until the gate
+/// opens, and a gate never opened opens itself once its time is up (a host
+/// blocked queuing behind it cannot hold the stream for ever).
+#[test]
+fn a_stream_gate_holds_its_stream_until_opened_or_its_time_is_up() {
+    let gpu = Gpu::open(0).expect("open GPU 0");
+    let stream = gpu.stream_handle();
+    let after = gpu.new_timing_event().expect("an event");
+
+    let gate = StreamGate::hold(&gpu, &stream, Duration::from_secs(60)).expect("hold the stream");
+    after.record(&stream).expect("record after the gate");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !after.is_complete(),
+        "the stream ran past a gate that was not opened"
+    );
+    assert!(!gate.is_open());
+    gate.open();
+    let opened = Instant::now();
+    after.synchronize().expect("wait for the stream");
+    assert!(
+        opened.elapsed() < Duration::from_secs(1),
+        "the stream took {:?} to run once opened",
+        opened.elapsed()
+    );
+    drop(gate);
+
+    let held = Instant::now();
+    let gate = StreamGate::hold(&gpu, &stream, Duration::from_millis(300)).expect("hold again");
+    after.record(&stream).expect("record after the gate");
+    after.synchronize().expect("wait for the stream");
+    let waited = held.elapsed();
+    assert!(
+        (Duration::from_millis(300)..Duration::from_secs(10)).contains(&waited),
+        "a gate held for at most 300 ms let the stream run after {waited:?}"
+    );
+    assert!(
+        gate.is_open(),
+        "the gate's time is up but it says it is shut"
     );
 }

@@ -8,7 +8,7 @@
 //! Layers, each importing only those above it:
 //!
 //! - `error`, `kernels` (the NVRTC-compiled CUDA C of `kernels/*.cu`),
-//!   `gpu` (a context, its stream and kernels), `memory`, `ipc`,
+//!   `gpu` (a context, its stream and kernels), `memory`, `stream_gate`, `ipc`,
 //!   `tracing`, `options`, `call` (`GpuCall`, one call's description),
 //!   `agreement` (steps every rank must agree on), `host_link` (the
 //!   measured limit of a GPU's link to host memory);
@@ -33,6 +33,7 @@ mod nvrtc;
 mod options;
 mod registration;
 mod staging;
+mod stream_gate;
 mod tracing;
 
 pub use call::GpuCall;
@@ -47,3 +48,4 @@ pub use gpu::Gpu;
 pub use host_link::{HostLink, HostLinkRate, HostLinks, MEASURED_COPIES, MEASURED_COPY_BYTES};
 pub use memory::DeviceBuffer;
 pub use options::{CopyEnginePlan, CudaOptions, DataPath, Handoff, PeerRead, PeerToPeer};
+pub use stream_gate::StreamGate;
