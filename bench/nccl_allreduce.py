@@ -7,7 +7,9 @@ all_reduce, so only in place is compared.)
 With --latency, every timed call is also timed on its own, as `pcieipc bench
 --latency` times the GPU hand-off's queued calls: by events recorded on the
 stream between the calls, so queuing does not hide a slow call; each call's
-time is the slowest rank's, and rank 0 prints them as a line
+time is the mean of the ranks' (as pcieipc's: the ranks' calls end together,
+and each rank's events add only when its stream reached them), on the CPU the
+slowest rank's; rank 0 prints them as a line
 "calls SIZE ip T1 ... TN" (us), the format `pcieipc bench --latency-peer`
 and scripts/bench_compare.py read. --backend gloo runs the same on the CPU
 (each call timed by the clock around it), which checks this script where no
@@ -90,9 +92,13 @@ def main():
         calls = None
         if args.latency:
             dist.barrier()
-            slowest = torch.tensor(each_call_us(buffer, args.iters, on_gpu), device=device, dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            calls = slowest.tolist()
+            times = torch.tensor(each_call_us(buffer, args.iters, on_gpu), device=device, dtype=torch.float64)
+            if on_gpu:
+                dist.all_reduce(times)
+                times /= world
+            else:
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)
+            calls = times.tolist()
         if rank == 0:
             print(json.dumps({
                 "size_bytes": count * 4,
