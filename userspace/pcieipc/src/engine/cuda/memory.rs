@@ -81,7 +81,8 @@ impl Drop for HostRegistration {
 }
 
 /// Host memory of this process's own, pinned (cuMemHostAlloc) so that the
-/// GPU's copy engines move it at the link's rate; freed when dropped.
+/// GPU's copy engines move it at the link's rate (or, `mapped`, so that the
+/// GPU reads it where it lies); freed when dropped, after the GPU's work.
 pub(crate) struct PinnedHost {
     gpu: Arc<Gpu>,
     host: NonNull<u8>,
@@ -91,10 +92,26 @@ pub(crate) struct PinnedHost {
 impl PinnedHost {
     /// `bytes` (more than 0) of pinned host memory, contents unset.
     pub(crate) fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<PinnedHost, CudaError> {
+        PinnedHost::allocate(gpu, bytes, 0)
+    }
+
+    /// `bytes` (more than 0) of pinned host memory mapped into the device's
+    /// address space (DEVICEMAP), contents unset, and its address there.
+    pub(crate) fn mapped(gpu: &Arc<Gpu>, bytes: usize) -> Result<(PinnedHost, u64), CudaError> {
+        let pinned = PinnedHost::allocate(gpu, bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP)?;
+        let mut device = 0;
+        // SAFETY: the memory came from cuMemHostAlloc with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, pinned.as_ptr().cast(), 0) }
+            .result()
+            .map_err(gpu.driver("mapping pinned host memory into the GPU"))?;
+        Ok((pinned, device))
+    }
+
+    fn allocate(gpu: &Arc<Gpu>, bytes: usize, flags: u32) -> Result<PinnedHost, CudaError> {
         gpu.bind()?;
-        // SAFETY: allocates; the memory is only ever handed to copies as
-        // bytes, never read as a typed value.
-        let host = unsafe { result::malloc_host(bytes, 0) }
+        // SAFETY: allocates; the memory is only ever handed to copies or the
+        // GPU as bytes, or read through atomics, never as another typed value.
+        let host = unsafe { result::malloc_host(bytes, flags) }
             .map_err(gpu.driver("allocating pinned host memory"))?;
         let host = NonNull::new(host.cast::<u8>()).ok_or(CudaError::Driver {
             ordinal: gpu.ordinal(),
@@ -120,9 +137,9 @@ impl PinnedHost {
 impl Drop for PinnedHost {
     fn drop(&mut self) {
         if self.gpu.bind().is_ok() {
-            // Copies queued on any stream may still use it: drain them first.
+            // Work queued on any stream may still use it: drain it first.
             let _ = self.gpu.synchronize();
-            // SAFETY: allocated by malloc_host in `new`, freed once.
+            // SAFETY: allocated by malloc_host in `allocate`, freed once.
             let _ = unsafe { result::free_host(self.host.as_ptr().cast()) };
         }
     }

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{sys, CudaStream};
 
 use super::error::CudaError;
 use super::gpu::Gpu;
+use super::memory::PinnedHost;
 
 /// A word of pinned host memory a stream waits on (a stream memory
 /// operation, no kernel) until the host writes it. The wait is bounded: a
@@ -20,16 +21,13 @@ use super::gpu::Gpu;
 /// never open it. Dropping the gate opens it too, so no error path leaves a
 /// stream held.
 pub struct StreamGate {
-    gpu: Arc<Gpu>,
-    word: *mut u32,
     /// Tells the backstop thread the gate is open (a message or a hang-up).
     opened: Option<mpsc::Sender<()>>,
     backstop: Option<JoinHandle<()>>,
+    /// Dropped last (fields drop after `drop`'s body, which joins the
+    /// backstop): its drop drains the GPU, then frees the word.
+    word: PinnedHost,
 }
-
-// SAFETY: the word is this gate's own pinned memory; the host only stores to
-// it atomically, the GPU only reads it.
-unsafe impl Send for StreamGate {}
 
 impl StreamGate {
     /// Queues on `stream` (of `gpu`'s context) a wait for this gate: what is
@@ -40,27 +38,16 @@ impl StreamGate {
         stream: &CudaStream,
         at_most: Duration,
     ) -> Result<StreamGate, CudaError> {
-        gpu.bind()?;
-        // SAFETY: a word of pinned memory mapped into the device's address
-        // space (DEVICEMAP), freed in drop.
-        let word = unsafe { result::malloc_host(4, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-            .map_err(gpu.driver("allocating a stream gate's word"))?
-            .cast::<u32>();
-        // Built before the calls below can fail, so that a failure frees it.
+        let (word, device) = PinnedHost::mapped(gpu, std::mem::size_of::<u32>())?;
         let mut gate = StreamGate {
-            gpu: gpu.clone(),
-            word,
             opened: None,
             backstop: None,
+            word,
         };
         gate.shared().store(0, Ordering::Relaxed);
-        let mut device = 0;
-        // SAFETY: `word` came from cuMemHostAlloc with DEVICEMAP.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, word.cast(), 0) }
-            .result()
-            .map_err(gpu.driver("mapping a stream gate's word into the GPU"))?;
-        // SAFETY: `device` maps the gate's word, which outlives the wait: drop
-        // opens the gate before it frees the word.
+        // SAFETY: `device` maps the gate's word, which outlives the wait:
+        // drop opens the gate, and the word's own drop drains the GPU before
+        // it frees it.
         unsafe {
             sys::cuStreamWaitValue32_v2(
                 stream.cu_stream(),
@@ -72,7 +59,7 @@ impl StreamGate {
         .result()
         .map_err(gpu.driver("queueing a wait on a stream gate"))?;
         let (opened, open_now) = mpsc::channel();
-        let address = word as usize;
+        let address = gate.word.as_ptr() as usize;
         gate.opened = Some(opened);
         gate.backstop = Some(std::thread::spawn(move || {
             let _ = open_now.recv_timeout(at_most);
@@ -97,8 +84,9 @@ impl StreamGate {
     }
 
     fn shared(&self) -> &AtomicU32 {
-        // SAFETY: `word` is 4 live, page-aligned bytes until drop.
-        unsafe { AtomicU32::from_ptr(self.word) }
+        // SAFETY: the word is 4 live, page-aligned bytes of this gate's own,
+        // only ever accessed atomically by the host.
+        unsafe { AtomicU32::from_ptr(self.word.as_ptr().cast()) }
     }
 }
 
@@ -106,16 +94,10 @@ impl Drop for StreamGate {
     fn drop(&mut self) {
         self.open();
         // Hanging up ends the backstop's wait; it stores to the word once
-        // more, so the word is freed only after it has ended.
+        // more, so the word is freed (after this body) only once it has ended.
         self.opened = None;
         if let Some(backstop) = self.backstop.take() {
             let _ = backstop.join();
-        }
-        if self.gpu.bind().is_ok() {
-            // The stream may not have read the open word yet: drain it first.
-            let _ = self.gpu.synchronize();
-            // SAFETY: allocated by malloc_host in `hold`, freed once.
-            let _ = unsafe { result::free_host(self.word.cast()) };
         }
     }
 }
