@@ -69,7 +69,8 @@ pub(crate) fn run<T: Element>(
     let chunk_elements = (call.chunk_bytes as usize / std::mem::size_of::<T>()).max(1);
     let chunks = ring.chunks(chunk_elements);
     // Each step runs as many chunks ahead as the call's raw slots allow.
-    let lag = streams.use_raw_slots_for_ring(peers, call.chunk_bytes)? - 1;
+    let largest_message = chunk_elements.min(ring.longest_segment()) * std::mem::size_of::<T>();
+    let lag = streams.use_slots_for_ring(peers, largest_message)? - 1;
     let message_bytes = ring.message_elements() * std::mem::size_of::<T>();
     let single_copy = settings
         .single_copy_messages

@@ -22,16 +22,36 @@ use super::peers::Peers;
 use crate::engine::error::EngineError;
 use crate::engine::transport::{Signal, Transport, Window};
 
-/// The most bytes of raw slots one ring call cycles through. A call whose
-/// chunks are large takes fewer slots than the stream has (at least 2) and
-/// runs that many fewer chunks ahead: the chunks it hands over are read while
-/// still in the cache, and the calls after it do not walk through every
-/// slot's memory. On the 2-vCPU AMD EPYC, 2 ranks, two slots of 1 MiB
-/// against five were 9–57% ahead at 2–8 MiB and level elsewhere, while five
-/// slots of 256 KiB against two were 25–40% ahead at 256 KiB, where calls
-/// are short and the slack between calls counts. A constant, so that every
-/// rank counts the same slots from the call's agreed chunk.
-const RAW_SLOTS_BYTES: usize = 2 << 20;
+/// The most bytes of its messages one ring call cycles through on each
+/// stream. A call takes as many of a stream's raw slots as this holds of
+/// its largest message (at least 2, at most the stream's), runs one chunk
+/// fewer ahead than it has slots, and takes as many relay slots per ring
+/// step. A size's first message backs every slot of its cycle, and each
+/// slot's first use runs slower than its reuse (its lines are in no cache
+/// yet), so a shorter cycle shortens a new size's first calls. On the
+/// 2-vCPU AMD EPYC, 2 ranks, two slots of 256 KiB against five took a 512
+/// KiB all_reduce from cold to within 10% of its steady time in 5 calls
+/// against 8 (medians of 331 alternating runs; its first call 1.1 ms
+/// against 2.2) and 1 MiB in 5 against 6, with busbw from 256 KiB to 4 MiB
+/// 0.92–1.25 times the five slots' per size and placement in two
+/// alternations of 10 and 12 rounds (256 KiB, whose slots did not change,
+/// 0.97–0.98: their noise). Messages up to 128 KiB keep five slots. A
+/// constant, so that every rank counts the same slots from the agreed call.
+const SLOT_CYCLE_BYTES: usize = 640 << 10;
+
+/// How many of its slots each stream cycles through for a ring call whose
+/// largest message is `message_bytes`, of `raw_slots` raw and `relay_slots`
+/// relay slots (the relay stream carrying `relay_slots / raw_slots` ring
+/// steps): `SLOT_CYCLE_BYTES` of messages, at least 2 raw slots; the relay
+/// stream as many per step as the raw one, so that every step may run as
+/// far ahead as the first.
+fn ring_slots(message_bytes: usize, raw_slots: usize, relay_slots: usize) -> (usize, usize) {
+    let raw = (SLOT_CYCLE_BYTES / message_bytes.max(1))
+        .max(2)
+        .min(raw_slots);
+    let relay_steps = relay_slots / raw_slots.max(1);
+    (raw, (raw * relay_steps).min(relay_slots))
+}
 
 /// A rank's counts of the messages it sent and received on one stream,
 /// which of the stream's slots they cycle through (the first `in_use`,
@@ -228,20 +248,18 @@ impl SlotStreams {
         self.one_shot_rounds
     }
 
-    /// Starts a ring call in chunks of `chunk_bytes` on the raw slots it
-    /// cycles through, as many as `RAW_SLOTS_BYTES` holds (at least 2, at
-    /// most the stream's), and returns how many.
-    pub(crate) fn use_raw_slots_for_ring(
+    /// Starts a ring call whose largest message is `message_bytes` on the
+    /// slots it cycles through (`ring_slots`), and returns how many raw ones.
+    pub(crate) fn use_slots_for_ring(
         &mut self,
         peers: &mut Peers,
-        chunk_bytes: u32,
+        message_bytes: usize,
     ) -> Result<usize, EngineError> {
-        let all = peers.transport.sizes().raw_slots;
-        let slots = (RAW_SLOTS_BYTES / (chunk_bytes as usize).max(1))
-            .max(2)
-            .min(all);
-        self.use_raw_slots(peers, slots as u32)?;
-        Ok(slots)
+        let sizes = peers.transport.sizes();
+        let (raw, relay) = ring_slots(message_bytes, sizes.raw_slots, sizes.relay_slots);
+        self.use_slots(peers, Stream::Raw, raw as u32)?;
+        self.use_slots(peers, Stream::Relay, relay as u32)?;
+        Ok(raw)
     }
 
     /// Starts a broadcast on every raw slot: ranks other than the root learn
@@ -251,25 +269,33 @@ impl SlotStreams {
         peers: &mut Peers,
     ) -> Result<(), EngineError> {
         let all = peers.transport.sizes().raw_slots as u32;
-        self.use_raw_slots(peers, all)
+        self.use_slots(peers, Stream::Raw, all)
     }
 
-    /// Makes the raw stream cycle through its first `slots` slots from this
-    /// call on. Every rank makes the same change at the same call, at its
-    /// start: a change first waits until the successor has consumed every
-    /// raw message this rank sent (it does so in the call that carried
+    /// Makes `stream` cycle through its first `slots` slots from this call
+    /// on. Every rank makes the same change at the same call, at its start:
+    /// a change first waits until the successor has consumed every message
+    /// this rank sent on the stream (it does so in the call that carried
     /// them, which this rank has finished), and this rank has consumed
     /// every one from its predecessor, so both sides count the new cycle
     /// from the same message.
-    fn use_raw_slots(&mut self, peers: &mut Peers, slots: u32) -> Result<(), EngineError> {
-        if slots == self.raw.in_use {
+    fn use_slots(
+        &mut self,
+        peers: &mut Peers,
+        stream: Stream,
+        slots: u32,
+    ) -> Result<(), EngineError> {
+        let counts = self.counts(stream);
+        if slots == counts.in_use {
             return Ok(());
         }
-        let sent = self.raw.sent;
-        peers.wait_for(peers.successor(), peers.rank, Signal::RawConsumed, sent)?;
-        self.raw.sent_base = sent;
-        self.raw.received_base = self.raw.received;
-        self.raw.in_use = slots;
+        let sent = counts.sent;
+        let (_, consumed) = stream.signals();
+        peers.wait_for(peers.successor(), peers.rank, consumed, sent)?;
+        let counts = self.counts(stream);
+        counts.sent_base = sent;
+        counts.received_base = counts.received;
+        counts.in_use = slots;
         Ok(())
     }
 
@@ -595,5 +621,29 @@ impl SlotStreams {
             peers.wait_for(peers.successor(), peers.rank, stream.signals().1, sent)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_cycles_through_640_kib_of_its_messages_on_each_stream() {
+        // 2 ranks, the default 5 slots a stream: the relay stream carries
+        // one step, as many slots as raw.
+        assert_eq!(ring_slots(32 << 10, 5, 5), (5, 5));
+        assert_eq!(ring_slots(128 << 10, 5, 5), (5, 5));
+        assert_eq!(ring_slots(160 << 10, 5, 5), (4, 4));
+        // At least two raw slots, even for messages past the cycle.
+        assert_eq!(ring_slots(256 << 10, 5, 5), (2, 2));
+        assert_eq!(ring_slots(1 << 20, 5, 5), (2, 2));
+        // 4 ranks: five relay steps, each as deep as the raw stream.
+        assert_eq!(ring_slots(256 << 10, 5, 25), (2, 10));
+        assert_eq!(ring_slots(64 << 10, 5, 25), (5, 25));
+        // A deeper stream (--in-flight 15) cycles through more of it.
+        assert_eq!(ring_slots(32 << 10, 16, 16), (16, 16));
+        assert_eq!(ring_slots(64 << 10, 16, 48), (10, 30));
+        assert_eq!(ring_slots(0, 3, 3), (3, 3));
     }
 }

@@ -138,11 +138,15 @@ impl Ring {
     /// Chunks of `chunk_elements` the longest segment splits into (at least
     /// one, so that empty calls still meet).
     pub fn chunks(&self, chunk_elements: usize) -> usize {
-        let longest = (0..self.nranks)
+        self.longest_segment().div_ceil(chunk_elements).max(1)
+    }
+
+    /// Elements of the longest of the N segments.
+    pub fn longest_segment(&self) -> usize {
+        (0..self.nranks)
             .map(|s| self.segment(s).len())
             .max()
-            .unwrap_or(0);
-        longest.div_ceil(chunk_elements).max(1)
+            .unwrap_or(0)
     }
 
     /// Chunk `chunk` of segment `s` of the message.
