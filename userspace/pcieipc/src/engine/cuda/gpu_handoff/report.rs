@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{result, sys};
-
 use crate::engine::cuda::error::CudaError;
 use crate::engine::cuda::gpu::Gpu;
+use crate::engine::cuda::memory::PinnedHost;
 use crate::engine::{CallDescriptor, EngineError};
 
 /// The error word's failures: `kind << 16 | detail << 8 | peer`. Kernels
@@ -32,8 +31,9 @@ struct Report {
 }
 
 pub(super) struct FailureReport {
-    gpu: Arc<Gpu>,
-    host: *mut Report,
+    /// Pinned host memory mapped into the GPU (`PinnedHost::mapped`),
+    /// holding one `Report`; freed after the GPU's work is drained.
+    pinned: PinnedHost,
     device: u64,
 }
 
@@ -47,37 +47,22 @@ unsafe impl Sync for FailureReport {}
 impl FailureReport {
     /// A zeroed report.
     pub(super) fn new(gpu: &Arc<Gpu>) -> Result<FailureReport, CudaError> {
-        gpu.bind()?;
-        // SAFETY: a report's bytes of pinned memory, mapped into every
-        // context (DEVICEMAP, PORTABLE).
-        let host = unsafe {
-            result::malloc_host(
-                std::mem::size_of::<Report>(),
-                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-            )
-        }
-        .map_err(gpu.driver("allocating the host-mapped failure report"))?
-        .cast::<Report>();
-        // SAFETY: `host` is fresh, writable memory aligned for any type
-        // (cuMemHostAlloc returns page-aligned memory).
+        let (pinned, device) = PinnedHost::mapped(gpu, std::mem::size_of::<Report>())?;
+        let report = FailureReport { pinned, device };
+        // SAFETY: fresh, writable pinned memory of a report's size, aligned
+        // for any type (cuMemHostAlloc returns page-aligned memory).
         unsafe {
-            host.write_volatile(Report {
+            report.host().write_volatile(Report {
                 word: 0,
                 _pad: 0,
                 calls: [0; 4],
             })
         };
-        let mut device = 0;
-        // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP.
-        let mapped =
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }.result();
-        let report = FailureReport {
-            gpu: gpu.clone(),
-            host,
-            device,
-        };
-        mapped.map_err(gpu.driver("mapping the failure report into the GPU"))?;
         Ok(report)
+    }
+
+    fn host(&self) -> *mut Report {
+        self.pinned.as_ptr().cast()
     }
 
     /// What the report says, as the engine's error on `rank` (`None` while
@@ -136,14 +121,16 @@ impl FailureReport {
     pub(super) fn peer_exited(&self, peer: usize) {
         if self.read() == 0 {
             // SAFETY: as in `read`; a whole-word volatile store.
-            unsafe { (&raw mut (*self.host).word).write_volatile(PEER_EXITED << 16 | peer as u32) };
+            unsafe {
+                (&raw mut (*self.host()).word).write_volatile(PEER_EXITED << 16 | peer as u32)
+            };
         }
     }
 
     fn read(&self) -> u32 {
         // SAFETY: `host` is live pinned memory (freed only in drop) that the
         // GPU may write at any time: read it volatile.
-        unsafe { (&raw const (*self.host).word).read_volatile() }
+        unsafe { (&raw const (*self.host()).word).read_volatile() }
     }
 
     /// The mismatched calls (the peer's, then this rank's), once `read`
@@ -151,21 +138,10 @@ impl FailureReport {
     fn calls(&self) -> [u64; 4] {
         // SAFETY: as in `read`; whole aligned words.
         std::array::from_fn(|i| unsafe {
-            (&raw const (*self.host).calls)
+            (&raw const (*self.host()).calls)
                 .cast::<u64>()
                 .add(i)
                 .read_volatile()
         })
-    }
-}
-
-impl Drop for FailureReport {
-    fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // Queued work may still write it: drain it first.
-            let _ = self.gpu.finish();
-            // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-            let _ = unsafe { result::free_host(self.host.cast()) };
-        }
     }
 }
