@@ -172,9 +172,9 @@ pub(crate) struct HandoffLaunch {
 
 /// One kernel of a module, looked up at its first launch: under the
 /// driver's lazy loading (the default since CUDA 12.2) the lookup loads it
-/// onto the GPU, and a job's calls use one or two of a module's seven.
-/// Looking all seven up at once took 0.13 to 0.17 ms of a first call of
-/// about 0.9 ms on the H200 host.
+/// onto the GPU, and a job's calls use a few of a module's eleven.
+/// Looking up all seven a module then held took 0.13 to 0.17 ms of a first
+/// call of about 0.9 ms on the H200 host.
 struct LazyFunction {
     name: &'static str,
     /// What failing to find it is, for the error.
