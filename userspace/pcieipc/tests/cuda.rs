@@ -12,6 +12,7 @@
 
 mod engine_support;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1588,6 +1589,142 @@ fn traced_calls_have_kernel_spans_and_gpu_waits() {
         2,
         LIMIT,
         traced_calls,
+    );
+}
+
+/// Through host memory, a traced call the copy engines move has a span per
+/// copy, flag kernel and reduction (`gpu step`), each on the track of the
+/// stream it ran on, as many as its chunks and meetings make, in queue
+/// order on each track (a stream runs its work one after another), inside
+/// the time of the calls.
+fn traced_copy_engine_steps(role: Role) {
+    let dir = std::env::temp_dir().join(format!("pcieipc-cuda-trace-{}", role.rendezvous));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("copies");
+    let traced = CudaOptions {
+        control: CommOptions {
+            trace: Some(prefix.clone()),
+            ..options(AlgorithmChoice::Auto).control
+        },
+        ..host_memory_options(AlgorithmChoice::Auto)
+    };
+    const CALLS: usize = 3;
+    // 8 MiB: above the copy engines' threshold, two chunks a segment.
+    const ELEMENTS: usize = 2 << 20;
+    let before = pcieipc::trace::monotonic_ns() as f64 / 1e3;
+    {
+        let mut comm = join_handed_off(&role, "t-copies", traced);
+        let gpu = comm.gpu().clone();
+        let stream = gpu.new_stream().unwrap();
+        let input = DeviceBuffer::from_host(&gpu, &vec![1.0f32; ELEMENTS]).unwrap();
+        let mut output = DeviceBuffer::<f32>::zeroed(&gpu, ELEMENTS).unwrap();
+        for _ in 0..CALLS {
+            comm.queue(GpuCall::all_reduce(&input, &mut output, ReduceOp::Sum).on_stream(&stream))
+                .unwrap();
+        }
+        stream.synchronize().unwrap();
+        let sums = output.to_host().unwrap();
+        assert!(sums.iter().all(|&sum| sum == role.nranks as f32));
+    }
+    let after = pcieipc::trace::monotonic_ns() as f64 / 1e3;
+    let file = pcieipc::trace::rank_file(&prefix, role.rank);
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let track_name = |tid: &serde_json::Value| -> String {
+        events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["name"] == "thread_name" && &e["tid"] == tid)
+            .map(|e| e["args"]["name"].as_str().unwrap().to_owned())
+            .unwrap_or_else(|| panic!("rank {}: no name for track {tid}", role.rank))
+    };
+    let mut by_track: HashMap<String, Vec<(f64, f64, String)>> = HashMap::new();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for event in events.iter().filter(|e| e["cat"] == "gpu step") {
+        let name = event["name"].as_str().unwrap().to_owned();
+        let (start, duration) = (
+            event["ts"].as_f64().unwrap(),
+            event["dur"].as_f64().unwrap(),
+        );
+        assert!(
+            before <= start && start + duration <= after && duration >= 0.0,
+            "rank {}: {name} [{start}, +{duration}] outside [{before}, {after}]",
+            role.rank
+        );
+        if name.contains("push") || name.contains("pull") || name.starts_with("results") {
+            assert!(
+                duration > 0.0,
+                "rank {}: a copy of no time: {event}",
+                role.rank
+            );
+            assert!(event["args"]["bytes"].as_i64().unwrap() > 0, "{event}");
+            assert_eq!(event["args"]["peer"], (1 - role.rank) as i64, "{event}");
+        }
+        *counts.entry(name.clone()).or_default() += 1;
+        by_track
+            .entry(track_name(&event["tid"]))
+            .or_default()
+            .push((start, duration, name));
+    }
+    let launches = counts.get("meet").copied().unwrap_or(0) / 2;
+    let chunks = counts.get("reduce").copied().unwrap_or(0);
+    assert!(
+        launches >= CALLS && chunks >= 2 * launches,
+        "rank {}: {counts:?}",
+        role.rank
+    );
+    for name in ["push", "pull", "results out", "results in"] {
+        assert_eq!(
+            counts.get(name),
+            Some(&chunks),
+            "rank {}: {counts:?}",
+            role.rank
+        );
+    }
+    for name in ["signal", "await"] {
+        assert_eq!(
+            counts.get(name),
+            Some(&(2 * chunks)),
+            "rank {}: {counts:?}",
+            role.rank
+        );
+    }
+    let mut tracks: Vec<&String> = by_track.keys().collect();
+    tracks.sort();
+    assert_eq!(
+        tracks,
+        ["copies from host", "copies to host"],
+        "rank {}",
+        role.rank
+    );
+    // A stream's steps one after another (timing events resolve about
+    // half a microsecond).
+    for (track, spans) in &mut by_track {
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for pair in spans.windows(2) {
+            assert!(
+                pair[1].0 >= pair[0].0 + pair[0].1 - 1.0,
+                "rank {} {track}: {:?} overlaps {:?}",
+                role.rank,
+                pair[1],
+                pair[0]
+            );
+        }
+    }
+    let pushes_first = by_track["copies to host"]
+        .iter()
+        .find(|span| span.2 != "meet")
+        .map(|span| span.2.as_str());
+    assert_eq!(pushes_first, Some("push"), "rank {}", role.rank);
+}
+
+#[test]
+fn traced_host_memory_launches_have_a_span_per_copy_engine_step() {
+    run_ranks(
+        "traced_host_memory_launches_have_a_span_per_copy_engine_step",
+        2,
+        LIMIT,
+        traced_copy_engine_steps,
     );
 }
 

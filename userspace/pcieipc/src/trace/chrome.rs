@@ -34,6 +34,9 @@ pub struct RankSummary {
     /// Calls' kernels on the GPU (the CUDA transport's GPU hand-off).
     pub kernels: usize,
     pub kernel_us: f64,
+    /// The steps of launches by the copy engines (through host memory), by
+    /// name: how many, and their time summed.
+    pub gpu_steps: BTreeMap<String, (usize, f64)>,
 }
 
 /// The longest step of the trace, and the longest wait inside it.
@@ -70,6 +73,7 @@ pub fn summarise(text: &str) -> Result<Summary, TraceError> {
             waits_on_us: BTreeMap::new(),
             kernels: 0,
             kernel_us: 0.0,
+            gpu_steps: BTreeMap::new(),
         });
         match span.category.as_str() {
             "call" => {
@@ -80,6 +84,11 @@ pub fn summarise(text: &str) -> Result<Summary, TraceError> {
             "kernel" => {
                 rank.kernels += 1;
                 rank.kernel_us += span.duration;
+            }
+            "gpu step" => {
+                let (count, us) = rank.gpu_steps.entry(span.name.clone()).or_default();
+                *count += 1;
+                *us += span.duration;
             }
             "wait" => {
                 rank.wait_us += span.duration;
@@ -137,6 +146,13 @@ impl fmt::Display for Summary {
             }
             for (step, us) in &rank.steps_us {
                 writeln!(f, "  {step:<8} {us:>12.1} µs")?;
+            }
+            if !rank.gpu_steps.is_empty() {
+                writeln!(f, "  GPU steps (copy engines), count / mean:")?;
+                for (step, (count, us)) in &rank.gpu_steps {
+                    let mean = us / *count as f64;
+                    writeln!(f, "    {step:<12} {count:>8} / {mean:>8.1} µs")?;
+                }
             }
             for (peer, us) in &rank.waits_on_us {
                 writeln!(f, "  waited on rank {peer}: {us:.1} µs")?;
@@ -208,6 +224,9 @@ mod tests {
             span(1, "reduce", "step", 5.0, 20.0, json!({})),
             span(1, "wait", "wait", 6.0, 3.0, json!({"peer": 0})),
             span(1, "all_reduce", "kernel", 30.0, 12.5, json!({})),
+            span(1, "push", "gpu step", 30.0, 4.0, json!({"bytes": 64})),
+            span(1, "signal", "gpu step", 34.5, 1.0, json!({"chunk": 0})),
+            span(1, "push", "gpu step", 35.5, 6.0, json!({"bytes": 64})),
         ]);
         let merged = merge(&[rank0, rank1]).unwrap();
         let summary = summarise(&merged).unwrap();
@@ -223,9 +242,15 @@ mod tests {
             (1, 12.5)
         );
         assert_eq!(summary.ranks[0].kernels, 0);
-        assert!(summary
-            .to_string()
-            .contains("GPU kernels: 1 calls, 12.5 µs"));
+        assert_eq!(summary.ranks[1].gpu_steps["push"], (2, 10.0));
+        assert_eq!(summary.ranks[1].gpu_steps["signal"], (1, 1.0));
+        assert!(summary.ranks[0].gpu_steps.is_empty());
+        let text = summary.to_string();
+        assert!(text.contains("GPU kernels: 1 calls, 12.5 µs"), "{text}");
+        assert!(
+            text.contains("push                2 /      5.0 µs"),
+            "{text}"
+        );
         let slowest = summary.slowest_step.unwrap();
         assert_eq!((slowest.rank, slowest.name.as_str()), (0, "reduce"));
         assert_eq!(slowest.waited_on, Some((1, 50.0)));

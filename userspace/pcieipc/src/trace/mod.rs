@@ -21,7 +21,7 @@ mod storage;
 mod tail;
 
 pub use chrome::{merge, summarise, Summary};
-pub(crate) use record::{Arg, Recorder};
+pub(crate) use record::{Arg, Recorder, Track};
 pub use span::{events, TraceError};
 pub use tail::{CallTime, Cause, Tail};
 

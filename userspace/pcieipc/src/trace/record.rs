@@ -27,10 +27,21 @@ impl From<&Arg> for Value {
     }
 }
 
+/// The timeline of a rank's process an event is drawn on (its `tid`): the
+/// host thread's, or one a transport names for work that runs beside it,
+/// such as a GPU stream's (`Recorder::track`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Track(u32);
+
+impl Track {
+    pub(crate) const HOST: Track = Track(0);
+}
+
 /// One event: a span or an instant; its arguments are the next
 /// `arg_count` entries of the recorder's argument storage (stored in the
 /// same order as the events).
 struct Event {
+    track: Track,
     name: &'static str,
     category: &'static str,
     start_ns: u64,
@@ -64,6 +75,8 @@ pub(crate) struct Recorder {
     rank: usize,
     file: PathBuf,
     recorded: RefCell<Recorded>,
+    /// The names of the tracks beside the host's, `Track(1)` first.
+    tracks: RefCell<Vec<&'static str>>,
     call_started: Cell<u64>,
 }
 
@@ -76,8 +89,22 @@ impl Recorder {
                 events: Prefaulted::new(EVENT_CHUNK_BYTES / std::mem::size_of::<Event>()),
                 args: Prefaulted::new(ARG_CHUNK_BYTES / std::mem::size_of::<(&str, Arg)>()),
             }),
+            tracks: RefCell::new(Vec::new()),
             call_started: Cell::new(0),
         }
+    }
+
+    /// The track named `name`, a new one the first time.
+    pub(crate) fn track(&self, name: &'static str) -> Track {
+        let mut tracks = self.tracks.borrow_mut();
+        let index = match tracks.iter().position(|&known| known == name) {
+            Some(index) => index,
+            None => {
+                tracks.push(name);
+                tracks.len() - 1
+            }
+        };
+        Track(index as u32 + 1)
     }
 
     /// Marks the start of the call that `end_call` closes.
@@ -125,6 +152,19 @@ impl Recorder {
         end_ns: u64,
         args: impl IntoIterator<Item = (&'static str, Arg)>,
     ) {
+        self.span_on(Track::HOST, name, category, start_ns, end_ns, args);
+    }
+
+    /// `span_between` on `track`.
+    pub(crate) fn span_on(
+        &self,
+        track: Track,
+        name: &'static str,
+        category: &'static str,
+        start_ns: u64,
+        end_ns: u64,
+        args: impl IntoIterator<Item = (&'static str, Arg)>,
+    ) {
         let mut recorded = self.recorded.borrow_mut();
         let mut grown = Duration::ZERO;
         let mut arg_count = 0u8;
@@ -135,6 +175,7 @@ impl Recorder {
         grown += recorded
             .events
             .push(Event {
+                track,
                 name,
                 category,
                 start_ns,
@@ -148,6 +189,7 @@ impl Recorder {
                 .args
                 .push(("took_us", Arg::Int(grown.as_micros() as i64)));
             recorded.events.push(Event {
+                track: Track::HOST,
                 name: "trace storage grown",
                 category: "trace",
                 start_ns: monotonic_ns(),
@@ -157,8 +199,9 @@ impl Recorder {
         }
     }
 
-    /// The trace-event JSON of everything recorded: a metadata event naming
-    /// the rank's track, then the events in the order they ended.
+    /// The trace-event JSON of everything recorded: metadata events naming
+    /// the rank's process and the tracks beside the host's, then the
+    /// events in the order they ended.
     fn to_json(&self) -> Value {
         let pid = self.rank;
         let mut events = vec![
@@ -167,6 +210,17 @@ impl Recorder {
             json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                    "args": {"sort_index": pid}}),
         ];
+        for (index, name) in self.tracks.borrow().iter().enumerate() {
+            let tid = index + 1;
+            events.push(
+                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                               "args": {"name": name}}),
+            );
+            events.push(
+                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                               "args": {"sort_index": tid}}),
+            );
+        }
         let recorded = self.recorded.borrow();
         let mut args = recorded.args.iter();
         for event in recorded.events.iter() {
@@ -179,7 +233,7 @@ impl Recorder {
                 "name": event.name,
                 "cat": event.category,
                 "pid": pid,
-                "tid": 0,
+                "tid": event.track.0,
                 "ts": event.start_ns as f64 / 1e3,
                 "args": args,
             });
@@ -329,6 +383,40 @@ mod tests {
         assert!(grown
             .iter()
             .all(|e| e["ph"] == "i" && e["args"]["took_us"].as_i64().unwrap() >= 0));
+    }
+
+    /// Spans on a named track carry its `tid`, and the track its name;
+    /// the host's spans stay on `tid` 0.
+    #[test]
+    fn spans_on_a_named_track_are_drawn_on_their_own_thread() {
+        let recorder = Recorder::new(3, PathBuf::from("/nonexistent"));
+        let to_host = recorder.track("GPU to host");
+        let from_host = recorder.track("GPU from host");
+        assert_eq!(recorder.track("GPU to host"), to_host);
+        assert_ne!(to_host, from_host);
+        recorder.span_on(to_host, "push", "gpu step", 10, 20, []);
+        recorder.span_on(from_host, "pull", "gpu step", 15, 30, []);
+        recorder.span_between("all_reduce", "kernel", 5, 40, []);
+        let json = recorder.to_json();
+        let events = json["traceEvents"].as_array().unwrap();
+        let tid_of = |name: &str| {
+            let found: Vec<&Value> = events.iter().filter(|e| e["name"] == name).collect();
+            assert_eq!(found.len(), 1, "{name}: {found:?}");
+            found[0]["tid"].as_u64().unwrap()
+        };
+        assert_eq!(tid_of("all_reduce"), 0);
+        let (push, pull) = (tid_of("push"), tid_of("pull"));
+        assert!(push != 0 && pull != 0 && push != pull);
+        for (tid, name) in [(push, "GPU to host"), (pull, "GPU from host")] {
+            assert!(
+                events.iter().any(|e| e["ph"] == "M"
+                    && e["name"] == "thread_name"
+                    && e["tid"] == tid
+                    && e["pid"] == 3
+                    && e["args"]["name"] == name),
+                "no name {name} for tid {tid}: {events:?}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!
 //! What a rank queues, and in what order, is `copy_program`'s: this file
 //! turns its steps into driver calls on the communicator's streams and
-//! events, at the launch's addresses.
+//! events, at the launch's addresses, and when the job is traced brackets
+//! each copy, flag kernel and reduction with timing events (a span per
+//! step on its stream's track: where a launch's time goes).
 
 use std::sync::Arc;
 
@@ -20,9 +22,11 @@ use super::exchange::Blocks;
 use super::plan::{CopyChunks, MAX_COPY_CHUNKS};
 use crate::engine::cuda::error::CudaError;
 use crate::engine::cuda::gpu::Gpu;
-use crate::engine::cuda::kernels::{ExchangeArg, HandoffLaunch, Kernel};
+use crate::engine::cuda::kernels::{CopyFlag, ExchangeArg, HandoffLaunch, Kernel};
 use crate::engine::cuda::memory::DeviceBuffer;
 use crate::engine::cuda::options::CopyEnginePlan;
+use crate::engine::cuda::tracing::KernelSpans;
+use crate::trace::Arg;
 
 /// The streams, events and device staging of a rank's copy-engine launches.
 pub(super) struct CopyEngines {
@@ -72,7 +76,8 @@ impl CopyEngines {
     }
 
     /// Queues `launch` (two-shot, segments of at most `window` bytes) after
-    /// the work on `stream`, which then waits for it.
+    /// the work on `stream`, which then waits for it; with `spans`, a span
+    /// per step.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn queue(
         &self,
@@ -83,6 +88,7 @@ impl CopyEngines {
         exchange: &ExchangeArg,
         blocks: &Blocks,
         window: usize,
+        mut spans: Option<&mut KernelSpans>,
     ) -> Result<(), CudaError> {
         let (rank, nranks) = (exchange.rank as usize, exchange.nranks as usize);
         let chunks = CopyChunks::of(launch, nranks, element, self.plan.chunk_bytes);
@@ -109,6 +115,13 @@ impl CopyEngines {
                 }
         };
         for step in copy_program::program(launch, chunks, element, rank, nranks) {
+            let traced = match (spans.as_deref_mut(), step.trace_name()) {
+                (Some(spans), Some(name)) => {
+                    let on = step.lane();
+                    Some((spans.begin(lane(on))?, on, name))
+                }
+                _ => None,
+            };
             match step {
                 Step::Record(on, mark) => self.record(event(mark), lane(on))?,
                 Step::Wait(on, mark) => self.wait(lane(on), event(mark))?,
@@ -139,6 +152,9 @@ impl CopyEngines {
                     exchange,
                 )?,
             }
+            if let (Some(spans), Some((start, on, name))) = (spans.as_deref_mut(), traced) {
+                spans.end_step(start, lane(on), on.track(), name, step_args(&step))?;
+            }
         }
         Ok(())
     }
@@ -166,5 +182,36 @@ impl CopyEngines {
         stream
             .wait(event)
             .map_err(self.gpu.driver("ordering one stream after another"))
+    }
+}
+
+/// A traced step's arguments: a copy's bytes and the peer at its other
+/// end, a flag's phase and chunk, a reduction's elements.
+fn step_args(step: &Step) -> Vec<(&'static str, Arg)> {
+    match *step {
+        Step::Copy {
+            to, from, bytes, ..
+        } => {
+            let peer = match (to.place, from.place) {
+                (Place::Inbox { at, .. } | Place::Results { at, .. }, _) => Some(at),
+                (_, Place::Inbox { sender, .. }) => Some(sender),
+                (_, Place::Results { owner, .. }) => Some(owner),
+                _ => None,
+            };
+            let mut args = vec![("bytes", Arg::Int(bytes as i64))];
+            args.extend(peer.map(|peer| ("peer", Arg::Int(peer as i64))));
+            args
+        }
+        Step::Flag {
+            flag: CopyFlag::Meet,
+            phase,
+            ..
+        } => vec![("phase", Arg::Int(i64::from(phase)))],
+        Step::Flag { phase, slot, .. } => vec![
+            ("phase", Arg::Int(i64::from(phase))),
+            ("chunk", Arg::Int(i64::from(slot))),
+        ],
+        Step::Reduce { elements, .. } => vec![("elements", Arg::Int(elements as i64))],
+        Step::Record(..) | Step::Wait(..) => Vec::new(),
     }
 }

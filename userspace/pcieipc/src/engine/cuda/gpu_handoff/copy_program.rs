@@ -36,6 +36,17 @@ pub(super) enum Lane {
     FromHost,
 }
 
+impl Lane {
+    /// The name of the lane's track in a trace.
+    pub(super) fn track(self) -> &'static str {
+        match self {
+            Lane::Caller => "caller's stream",
+            Lane::ToHost => "copies to host",
+            Lane::FromHost => "copies from host",
+        }
+    }
+}
+
 /// The events that order one lane after another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Mark {
@@ -101,6 +112,39 @@ pub(super) enum Step {
         in_slot: u64,
         elements: usize,
     },
+}
+
+impl Step {
+    /// The lane the step runs on.
+    pub(super) fn lane(&self) -> Lane {
+        match *self {
+            Step::Record(lane, _) | Step::Wait(lane, _) => lane,
+            Step::Copy { lane, .. } | Step::Flag { lane, .. } | Step::Reduce { lane, .. } => lane,
+        }
+    }
+
+    /// What the step is, as a trace names it: a copy by what it moves (this
+    /// rank's parts to their owners, `push`; the peers' parts of its
+    /// segment in, `pull`; its reduced chunk to the peers, `results out`;
+    /// the owners' results in, `results in`), a flag kernel by its flag, or
+    /// `reduce`; none for the records and waits that order the lanes.
+    pub(super) fn trace_name(&self) -> Option<&'static str> {
+        match self {
+            Step::Record(..) | Step::Wait(..) => None,
+            Step::Copy { to, from, .. } => Some(match (to.place, from.place) {
+                (Place::Inbox { .. }, _) => "push",
+                (Place::Results { .. }, _) => "results out",
+                (_, Place::Inbox { .. }) => "pull",
+                _ => "results in",
+            }),
+            Step::Flag { flag, .. } => Some(match flag {
+                CopyFlag::Signal => "signal",
+                CopyFlag::Await => "await",
+                CopyFlag::Meet => "meet",
+            }),
+            Step::Reduce { .. } => Some("reduce"),
+        }
+    }
 }
 
 /// One launch's geometry, as the copies address it.

@@ -287,6 +287,7 @@ impl GpuHandoff {
                         &argument,
                         &self.blocks_memory,
                         self.window,
+                        self.spans.as_mut(),
                     )
                 }
                 _ => {

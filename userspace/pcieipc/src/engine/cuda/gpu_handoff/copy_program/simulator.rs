@@ -771,3 +771,39 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
         "{failure:?}"
     );
 }
+
+/// A trace names every step that moves data or a flag, as many of each as
+/// the launch has chunks and peers, and none of the records and waits.
+#[test]
+fn a_trace_names_each_copy_flag_and_reduction_of_a_launch() {
+    for nranks in 2..=4 {
+        let window = 96;
+        let launch = launches(nranks * window / ELEMENT, nranks, window)[0];
+        let chunks = CopyChunks::of(&launch, nranks, ELEMENT, 32);
+        assert!(chunks.count >= 2, "{chunks:?}");
+        for rank in 0..nranks {
+            let mut named: HashMap<&str, usize> = HashMap::new();
+            for step in program(&launch, chunks, ELEMENT, rank, nranks) {
+                match step.trace_name() {
+                    Some(name) => *named.entry(name).or_default() += 1,
+                    None => assert!(
+                        matches!(step, Step::Record(..) | Step::Wait(..)),
+                        "{step:?}"
+                    ),
+                }
+            }
+            let per_peer = (nranks - 1) * chunks.count;
+            let expected = HashMap::from([
+                ("push", per_peer),
+                ("pull", per_peer),
+                ("results out", per_peer),
+                ("results in", per_peer),
+                ("signal", 2 * chunks.count),
+                ("await", 2 * chunks.count),
+                ("reduce", chunks.count),
+                ("meet", 2),
+            ]);
+            assert_eq!(named, expected, "rank {rank} of {nranks}");
+        }
+    }
+}
