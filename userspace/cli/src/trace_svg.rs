@@ -5,7 +5,6 @@
 //! trace text in, SVG text out.
 
 use std::collections::HashMap;
-
 use std::fmt::Write;
 
 use serde_json::Value;

@@ -189,17 +189,9 @@ impl CopyEngines {
 /// end, a flag's phase and chunk, a reduction's elements.
 fn step_args(step: &Step) -> Vec<(&'static str, Arg)> {
     match *step {
-        Step::Copy {
-            to, from, bytes, ..
-        } => {
-            let peer = match (to.place, from.place) {
-                (Place::Inbox { at, .. } | Place::Results { at, .. }, _) => Some(at),
-                (_, Place::Inbox { sender, .. }) => Some(sender),
-                (_, Place::Results { owner, .. }) => Some(owner),
-                _ => None,
-            };
+        Step::Copy { bytes, .. } => {
             let mut args = vec![("bytes", Arg::Int(bytes as i64))];
-            args.extend(peer.map(|peer| ("peer", Arg::Int(peer as i64))));
+            args.extend(step.peer().map(|peer| ("peer", Arg::Int(peer as i64))));
             args
         }
         Step::Flag {

@@ -131,12 +131,7 @@ impl Step {
     pub(super) fn trace_name(&self) -> Option<&'static str> {
         match self {
             Step::Record(..) | Step::Wait(..) => None,
-            Step::Copy { to, from, .. } => Some(match (to.place, from.place) {
-                (Place::Inbox { .. }, _) => "push",
-                (Place::Results { .. }, _) => "results out",
-                (_, Place::Inbox { .. }) => "pull",
-                _ => "results in",
-            }),
+            Step::Copy { to, from, .. } => Some(copy_role(to.place, from.place).0),
             Step::Flag { flag, .. } => Some(match flag {
                 CopyFlag::Signal => "signal",
                 CopyFlag::Await => "await",
@@ -144,6 +139,30 @@ impl Step {
             }),
             Step::Reduce { .. } => Some("reduce"),
         }
+    }
+}
+
+impl Step {
+    /// The peer at a copy's other end: whose exchange block slot it writes
+    /// or reads.
+    pub(super) fn peer(&self) -> Option<usize> {
+        match self {
+            Step::Copy { to, from, .. } => copy_role(to.place, from.place).1,
+            _ => None,
+        }
+    }
+}
+
+/// A copy between `to` and `from` as a trace names it, and the peer whose
+/// slot in host memory it touches (every copy of a program has one end in
+/// host memory).
+fn copy_role(to: Place, from: Place) -> (&'static str, Option<usize>) {
+    match (to, from) {
+        (Place::Inbox { at, .. }, _) => ("push", Some(at)),
+        (Place::Results { at, .. }, _) => ("results out", Some(at)),
+        (_, Place::Inbox { sender, .. }) => ("pull", Some(sender)),
+        (_, Place::Results { owner, .. }) => ("results in", Some(owner)),
+        _ => ("copy", None),
     }
 }
 

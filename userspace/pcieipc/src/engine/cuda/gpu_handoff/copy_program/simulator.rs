@@ -175,27 +175,22 @@ impl Model {
                         let chunks = CopyChunks::of(launch, job.nranks, ELEMENT, job.chunk_bytes);
                         let steps = edit(program(launch, chunks, ELEMENT, rank, job.nranks));
                         for step in steps {
-                            let (lane, queued) = match step {
-                                Step::Record(lane, mark) => {
+                            let queued = match step {
+                                Step::Record(_, mark) => {
                                     latest.insert(mark, records);
                                     records += 1;
-                                    (lane, Queued::Record(records - 1))
+                                    Queued::Record(records - 1)
                                 }
-                                Step::Wait(lane, mark) => {
-                                    (lane, Queued::Wait(latest.get(&mark).copied()))
-                                }
-                                Step::Copy { lane, .. }
-                                | Step::Flag { lane, .. }
-                                | Step::Reduce { lane, .. } => (
-                                    lane,
+                                Step::Wait(_, mark) => Queued::Wait(latest.get(&mark).copied()),
+                                Step::Copy { .. } | Step::Flag { .. } | Step::Reduce { .. } => {
                                     Queued::Launch {
                                         step,
                                         base: launch.src,
                                         epoch: None,
-                                    },
-                                ),
+                                    }
+                                }
                             };
-                            queues[lane_index(lane) % job.queues].push_back(queued);
+                            queues[lane_index(step.lane()) % job.queues].push_back(queued);
                         }
                     }
                     queues[0].push_back(Queued::Check {
@@ -773,7 +768,8 @@ fn the_model_finds_a_program_that_leaves_out_an_ordering_step() {
 }
 
 /// A trace names every step that moves data or a flag, as many of each as
-/// the launch has chunks and peers, and none of the records and waits.
+/// the launch has chunks and peers, and none of the records and waits; each
+/// copy names the peer at its other end.
 #[test]
 fn a_trace_names_each_copy_flag_and_reduction_of_a_launch() {
     for nranks in 2..=4 {
@@ -783,7 +779,11 @@ fn a_trace_names_each_copy_flag_and_reduction_of_a_launch() {
         assert!(chunks.count >= 2, "{chunks:?}");
         for rank in 0..nranks {
             let mut named: HashMap<&str, usize> = HashMap::new();
+            let mut copies_with: HashMap<(&str, usize), usize> = HashMap::new();
             for step in program(&launch, chunks, ELEMENT, rank, nranks) {
+                if let (Some(name), Some(peer)) = (step.trace_name(), step.peer()) {
+                    *copies_with.entry((name, peer)).or_default() += 1;
+                }
                 match step.trace_name() {
                     Some(name) => *named.entry(name).or_default() += 1,
                     None => assert!(
@@ -804,6 +804,17 @@ fn a_trace_names_each_copy_flag_and_reduction_of_a_launch() {
                 ("meet", 2),
             ]);
             assert_eq!(named, expected, "rank {rank} of {nranks}");
+            // Each copy's peer: every other rank, a chunk's worth of each kind.
+            for name in ["push", "pull", "results out", "results in"] {
+                for peer in (0..nranks).filter(|&peer| peer != rank) {
+                    assert_eq!(
+                        copies_with.get(&(name, peer)),
+                        Some(&chunks.count),
+                        "rank {rank} of {nranks}: {copies_with:?}"
+                    );
+                }
+            }
+            assert_eq!(copies_with.len(), 4 * (nranks - 1), "{copies_with:?}");
         }
     }
 }
