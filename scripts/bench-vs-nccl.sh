@@ -11,8 +11,10 @@
 #     same sweep, right after PCIEIPC in every round, and printed beside it with the
 #     ratio of their busbw: a before/after from one run, with the same noise
 #   REPEAT=3 ITERS=20 WARMUP=5
-#   LATENCY=1: both sides also time each timed call on its own (by events
-#     between the queued calls, each the ranks' mean) and the per-call table
+#   LATENCY=1: both sides also time each timed call on its own (pcieipc's
+#     between the job's ends of successive calls, which its calls stamp on
+#     the GPU; NCCL's by events between the queued calls, each the ranks'
+#     mean) and the per-call table
 #     follows, in place (p50, p99, p99.7, max, stddev; scripts/bench_compare.py
 #     nccl-latency); ITERS=1000 then, unless given
 #   PLOT=FILE.svg (with LATENCY=1): one more run of each side, drawn side by

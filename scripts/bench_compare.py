@@ -474,8 +474,9 @@ def nccl_latency_report(work, repeat):
             raise Broken(f"nccl-{run}.jsonl: no \"calls\" lines (a run without --latency)")
         for (size, _placement), times in calls.items():
             sides["NCCL"].setdefault(size, []).append(distribution(times))
-    print(f"# per-call latency (us), all_reduce float sum in place, on GPUs each call timed by the events between "
-          f"the queued calls, the ranks' mean (on CPUs the slowest rank's); medians of {repeat} runs; tail = p99.7 / p50")
+    print(f"# per-call latency (us), all_reduce float sum in place, on GPUs pcieipc's between the job's ends of successive "
+          f"calls (stamped there), NCCL's by the events between the queued calls (the ranks' mean), on CPUs the slowest "
+          f"rank's; medians of {repeat} runs; tail = p99.7 / p50")
     print("#       size  calls |  pcieipc p50      p99    p99.7      max   stddev   tail |"
           "     NCCL p50      p99    p99.7      max   stddev   tail | p99.7 pcieipc / NCCL")
     for size in sorted(set(sides["pcieipc"]) & set(sides["NCCL"])):

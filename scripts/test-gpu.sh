@@ -138,10 +138,10 @@ print(f'link to host memory: limit {link["limit_gb_s"]:.1f} GB/s, link use at 25
 CHECK
     # Each call timed: 300 calls per size and placement, the percentiles in
     # order, and their mean the report's time_us. On the GPU hand-off (the
-    # calls queued ahead, held by a gate, timed by the events between them,
-    # each the ranks' mean) that is the same sum; on the host hand-off each
-    # call is the slowest rank's and time_us the host's clock over all of
-    # them: within a quarter.
+    # calls queued ahead, held by a gate, timed between the job's ends of
+    # successive calls, which the calls stamp on the GPU) that is the same
+    # sum; on the host hand-off each call is the slowest rank's and time_us
+    # the host's clock over all of them: within a quarter.
     for handoff in gpu host; do
         log "pcieipc bench --transport cuda --handoff $handoff --json, 2 ranks on GPU 0: per-call latency"
         "$pcieipc" bench --transport cuda --nranks 2 --gpus 0,0 --handoff "$handoff" \

@@ -2,12 +2,11 @@
 //! one (shm or pcieipc transport, buffers in host memory) or the CUDA one
 //! (buffers in GPU memory). Timing, checking and the table are shared.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pcieipc::engine::cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use pcieipc::engine::cuda::cudarc::driver::{CudaEvent, CudaGraph, CudaStream};
+use pcieipc::engine::cuda::cudarc::driver::CudaGraph;
 use pcieipc::engine::cuda::{
     CudaCommunicator, DataPath, DeviceBuffer, GpuCall, HostLinks, PeerRead, StreamGate,
 };
@@ -90,6 +89,11 @@ pub trait Collective {
     /// returns done.
     fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
         Ok(CallClock::host(calls))
+    }
+    /// The ends the calls under a GPU clock stamped on the GPU (ns), once
+    /// they have run.
+    fn call_ends_ns(&mut self) -> anyhow::Result<Vec<u64>> {
+        bail!("calls' ends are stamped only where calls are queued on a GPU stream")
     }
 }
 
@@ -324,30 +328,28 @@ impl Collective for CudaCommunicator {
     }
 
     /// On the GPU hand-off calls are queued back to back, and the host's
-    /// clock would time their queuing: each call is timed on the GPU, by
-    /// events recorded on the stream between calls (created before the
-    /// calls, so the loop only records). The stream is held behind a gate
-    /// until the first calls are queued, so that a host slower to queue a
-    /// call than the GPU is to run it (a preempted thread, a slow launch)
-    /// shows in no call's time.
+    /// clock would time their queuing: each call stamps its end on the GPU
+    /// (`CudaCommunicator::stamp_call_ends`), `calls` timed calls and the
+    /// lead-in before them. The stream is held behind a gate until the
+    /// first calls are queued, so that a host slower to queue a call than
+    /// the GPU is to run it (a preempted thread, a slow launch) shows in no
+    /// call's time.
     fn call_clock(&mut self, calls: usize) -> anyhow::Result<CallClock> {
         if !self.hands_off_on_gpu() {
             return Ok(CallClock::host(calls));
         }
-        let events = (0..=calls)
-            .map(|_| self.gpu().new_timing_event())
-            .collect::<Result<Vec<CudaEvent>, _>>()
-            .context("creating the per-call timing events")?;
-        let stream = self.gpu().stream_handle();
-        let gate = StreamGate::hold(self.gpu(), &stream, GATE_HELD_AT_MOST)
+        self.stamp_call_ends(calls + 1)
+            .context("asking the calls to stamp their ends on the GPU")?;
+        let gate = StreamGate::hold(self.gpu(), &self.gpu().stream_handle(), GATE_HELD_AT_MOST)
             .context("holding the stream until the timed calls are queued")?;
         Ok(CallClock::Gpu {
-            stream,
-            events,
-            marked: 0,
             gate,
             opened: false,
         })
+    }
+
+    fn call_ends_ns(&mut self) -> anyhow::Result<Vec<u64>> {
+        CudaCommunicator::call_ends_ns(self).context("reading the calls' ends on the GPU")
     }
 
     fn end_graph(&mut self) -> anyhow::Result<CudaGraph> {
@@ -360,8 +362,8 @@ impl Collective for CudaCommunicator {
 }
 
 /// How many calls the GPU clock's stream has queued behind its gate when it
-/// opens: at 8 bytes (about 12 µs a call on the GPU, a few to queue on the
-/// host) a head start of 1.5 ms, which grows from there.
+/// opens: at 8 bytes (about 7 µs a call on an H100 under MPS, a few to queue
+/// on the host) a head start of 0.9 ms.
 pub const QUEUED_AHEAD: usize = 128;
 
 /// The longest the GPU clock's gate holds its stream: a host that blocks
@@ -370,18 +372,16 @@ pub const QUEUED_AHEAD: usize = 128;
 const GATE_HELD_AT_MOST: Duration = Duration::from_millis(100);
 
 /// The points between back-to-back calls, from which each call's time is
-/// read: the host's clock where calls return done, events on the GPU's
-/// stream where they are queued (their resolution is about 0.5 us), the
-/// stream held by `gate` until [`CallClock::open`].
+/// read: the host's clock where calls return done; where they are queued on
+/// the GPU's stream, the ends the calls stamp there themselves (the
+/// communicator's `call_ends_ns`), the stream held by `gate` until
+/// [`CallClock::open`].
 pub enum CallClock {
     Host {
         stamps: Vec<Instant>,
         marked: usize,
     },
     Gpu {
-        stream: Arc<CudaStream>,
-        events: Vec<CudaEvent>,
-        marked: usize,
         gate: StreamGate,
         /// Whether `open` has run: every rank opens at the same call, even
         /// where a gate's backstop opened it first.
@@ -410,29 +410,14 @@ impl CallClock {
         clock
     }
 
-    /// Marks the point after the calls so far (and before the next).
+    /// Marks the point after the calls so far (and before the next): on the
+    /// host; on the GPU each call stamps its own end.
     pub fn mark(&mut self) -> anyhow::Result<()> {
-        match self {
-            CallClock::Host { stamps, marked } => {
-                *stamps
-                    .get_mut(*marked)
-                    .context("more marks than the clock has stamps")? = Instant::now();
-                *marked += 1;
-            }
-            CallClock::Gpu {
-                stream,
-                events,
-                marked,
-                ..
-            } => {
-                let event = events
-                    .get(*marked)
-                    .context("more marks than the clock has events")?;
-                event
-                    .record(stream)
-                    .context("recording a per-call timing event")?;
-                *marked += 1;
-            }
+        if let CallClock::Host { stamps, marked } = self {
+            *stamps
+                .get_mut(*marked)
+                .context("more marks than the clock has stamps")? = Instant::now();
+            *marked += 1;
         }
         Ok(())
     }
@@ -456,25 +441,64 @@ impl CallClock {
         }
     }
 
-    /// Each call's time in microseconds, between consecutive marks; the
-    /// calls must have completed (the GPU waited for).
-    pub fn calls_us(&self) -> anyhow::Result<Vec<f64>> {
+    /// Each call's time in microseconds, once the calls have run: on the
+    /// host this rank's, between consecutive marks of its clock; on the GPU
+    /// the job's, every rank's the same (collective): between the job's
+    /// ends of successive calls, a call's end its last rank's. Each rank's
+    /// ends count from its own lead-in's, which the ranks end together
+    /// (they hand over), as GPUs' clocks need not agree. The slowest rank's
+    /// gap for each call would not do: where the ranks' ends of a call
+    /// take turns being late (through host memory, by up to a microsecond),
+    /// it counts every late end and no early one (H100, 2 ranks under MPS,
+    /// through host memory: 8 B calls 5–6% longer on average, 256 KiB
+    /// 12–14%).
+    pub fn calls_us<C: Collective>(&self, comm: &mut C) -> anyhow::Result<Vec<f64>> {
         match self {
             CallClock::Host { stamps, marked } => Ok(stamps[..*marked]
                 .windows(2)
                 .map(|pair| (pair[1] - pair[0]).as_secs_f64() * 1e6)
                 .collect()),
-            CallClock::Gpu { events, marked, .. } => events[..*marked]
-                .windows(2)
-                .map(|pair| {
-                    pair[0]
-                        .elapsed_ms(&pair[1])
-                        .map(|ms| f64::from(ms) * 1e3)
-                        .context("reading a per-call timing event")
-                })
-                .collect(),
+            CallClock::Gpu { .. } => {
+                let mut ends_us = ends_since_lead_in_us(&comm.call_ends_ns()?)?;
+                comm.host()
+                    .all_reduce_in_place(&mut ends_us, ReduceOp::Max)?;
+                Ok(gaps_us(&ends_us))
+            }
         }
     }
+}
+
+/// Each timed call's end (µs) after the lead-in's, from the ends the calls
+/// stamped on the GPU (ns), the lead-in's first; a call that stamped none,
+/// or ended before the one before it, is an error, not a time.
+fn ends_since_lead_in_us(ends_ns: &[u64]) -> anyhow::Result<Vec<f64>> {
+    if let Some(call) = ends_ns.iter().position(|&end| end == 0) {
+        bail!("call {call} of the timed loop (0: the lead-in) stamped no end on the GPU");
+    }
+    if let Some(call) = ends_ns.windows(2).position(|pair| pair[1] < pair[0]) {
+        bail!(
+            "timed call {} ended on the GPU before the call before it",
+            call + 1
+        );
+    }
+    Ok(ends_ns
+        .iter()
+        .skip(1)
+        .map(|end| (end - ends_ns[0]) as f64 / 1e3)
+        .collect())
+}
+
+/// Each call's time from the calls' ends after a common start.
+fn gaps_us(ends_us: &[f64]) -> Vec<f64> {
+    let mut before = 0.0;
+    ends_us
+        .iter()
+        .map(|&end| {
+            let gap = end - before;
+            before = end;
+            gap
+        })
+        .collect()
 }
 
 /// A size as the bench header names it.
@@ -484,5 +508,65 @@ fn size_name(bytes: usize) -> String {
         _ if bytes.is_multiple_of(1 << 20) => format!("{} MiB", bytes >> 20),
         _ if bytes.is_multiple_of(1 << 10) => format!("{} KiB", bytes >> 10),
         _ => format!("{bytes} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ends_since_lead_in_us, gaps_us};
+
+    fn assert_close(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{got:?} against {want:?}");
+        for (got_one, want_one) in got.iter().zip(want) {
+            assert!(
+                (got_one - want_one).abs() < 1e-9,
+                "{got:?} against {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn calls_timed_on_the_gpu_count_from_the_lead_in() {
+        let ends = ends_since_lead_in_us(&[1_000_000, 1_011_232, 1_022_000, 1_022_032]).unwrap();
+        assert_close(&ends, &[11.232, 22.0, 22.032]);
+        assert_close(&gaps_us(&ends), &[11.232, 10.768, 0.032]);
+    }
+
+    #[test]
+    fn the_job_ends_a_call_when_its_last_rank_does() {
+        // Two ranks on clocks 5 s apart, whose ends of a call take turns
+        // being 1 µs late: the job's calls take 11, 10 and 10 µs, where each
+        // rank's own gaps run 9 to 11 and the slower of the two is 11 every
+        // call.
+        let rank_0 = [5_000_000_000, 5_000_011_000, 5_000_020_000, 5_000_031_000];
+        let rank_1 = [
+            10_000_000_000,
+            10_000_010_000,
+            10_000_021_000,
+            10_000_030_000,
+        ];
+        let (mut job, rank_1) = (
+            ends_since_lead_in_us(&rank_0).unwrap(),
+            ends_since_lead_in_us(&rank_1).unwrap(),
+        );
+        for (end, other) in job.iter_mut().zip(rank_1) {
+            *end = end.max(other);
+        }
+        assert_close(&gaps_us(&job), &[11.0, 10.0, 10.0]);
+    }
+
+    #[test]
+    fn a_call_without_an_end_or_ending_early_is_no_time() {
+        let unstamped = ends_since_lead_in_us(&[5_000, 0, 9_000])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unstamped.contains("call 1 ") && unstamped.contains("stamped no end"),
+            "{unstamped}"
+        );
+        let early = ends_since_lead_in_us(&[5_000, 9_000, 8_000])
+            .unwrap_err()
+            .to_string();
+        assert!(early.contains("timed call 2 ended"), "{early}");
     }
 }

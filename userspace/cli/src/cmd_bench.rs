@@ -231,8 +231,9 @@ pub struct Args {
     #[arg(long, value_name = "core|none", default_value = "core", value_parser = ["core", "none"])]
     bind_to: String,
     /// Time every timed call on its own (the slowest rank's; on the GPU
-    /// hand-off by events between the queued calls, queued ahead before
-    /// they run, the mean of the ranks') and give each size's
+    /// hand-off between the job's ends of successive calls, which the
+    /// queued calls stamp on the GPU, queued ahead before they run) and
+    /// give each size's
     /// p50, p90, p99, p99.7, max and standard deviation: after the table, or
     /// in the JSON report. Off, the timed calls read no clock between them,
     /// as nccl-tests' and the OpenMPI program's do not: the reads cost tens
@@ -828,8 +829,8 @@ struct Measurement {
     /// Minor page faults the ranks' processes took during the timed calls,
     /// summed over ranks: a call that keeps faulting pages in pays per page.
     page_faults: u64,
-    /// Each timed call's time, the job's (`CallTimes`); `None` for a graph
-    /// replay (timed whole) or no timed calls.
+    /// Each timed call's time, the job's: the slowest rank's; `None` for a
+    /// graph replay (timed whole) or no timed calls.
     latency: Option<Distribution>,
     /// The share of its measured limit the busiest GPU link to host memory
     /// carried (`HostLinks::utilisation`), where calls cross one.
@@ -906,8 +907,7 @@ fn measure<C: Collective, T: BenchElement>(
                 }
                 wrong[0] += wrong_elements(comm, &output, expected)?;
             }
-            let calls = per_call(args).then(|| CallTimes::on_host(calls_us));
-            (timed, faults, calls)
+            (timed, faults, per_call(args).then_some(calls_us))
         }
         _ => {
             if let Some(expected) = expected {
@@ -926,11 +926,14 @@ fn measure<C: Collective, T: BenchElement>(
     let mut page_faults = [faults as i64];
     comm.host()
         .all_reduce_in_place(&mut page_faults, ReduceOp::Sum)?;
+    // A call takes as long as its slowest rank (a training step waits for
+    // it; a GPU clock's times are the job's already, the same on every
+    // rank).
     let latency = match calls {
-        Some(mut calls) if !calls.times_us.is_empty() => {
+        Some(mut calls_us) if !calls_us.is_empty() => {
             comm.host()
-                .all_reduce_in_place(&mut calls.times_us, calls.across_ranks)?;
-            Distribution::of(&calls.times_us)
+                .all_reduce_in_place(&mut calls_us, ReduceOp::Max)?;
+            Distribution::of(&calls_us)
         }
         _ => None,
     };
@@ -970,16 +973,19 @@ fn wrong_elements<C: Collective, T: BenchElement>(
 /// back (queued, where the communicator queues them on a stream), or one
 /// replay of them captured in a graph, then one wait. Returns their time,
 /// the minor page faults they took and, with `--latency` (not for a graph
-/// replay), each call's time (µs; marking the points between calls costs a
-/// clock read on the host, an event record on a GPU stream). Timed on a GPU
-/// stream, the calls wait until the first `QUEUED_AHEAD` are queued on every
-/// rank, and their time is the sum of the calls' times on the GPU.
+/// replay), each call's time (µs; on the host this rank's, a clock read
+/// between calls; queued on a GPU stream the job's, between its ends of
+/// successive calls, which the calls stamp on the GPU, the first timed
+/// call's start the end of an untimed lead-in call: `CallClock::calls_us`).
+/// Timed on a GPU stream, the calls wait until the first `QUEUED_AHEAD` are
+/// queued on every rank, and their time is the sum of the calls' times on
+/// the GPU.
 fn back_to_back<C: Collective, T: BenchElement>(
     comm: &mut C,
     args: &Args,
     output: &mut C::Buffer<T>,
     queue: impl Fn(&mut C, &mut C::Buffer<T>) -> anyhow::Result<()>,
-) -> anyhow::Result<(Duration, u64, Option<CallTimes>)> {
+) -> anyhow::Result<(Duration, u64, Option<Vec<f64>>)> {
     for _ in 0..args.warmup_iters {
         queue(comm, output)?;
     }
@@ -1010,6 +1016,11 @@ fn back_to_back<C: Collective, T: BenchElement>(
     match (&graph, &mut clock) {
         (Some(graph), _) => graph.launch().context("replaying the CUDA graph")?,
         (None, Some(clock)) => {
+            if clock.is_gpu() {
+                // The lead-in: its end on the GPU is the first timed call's
+                // start.
+                queue(comm, output)?;
+            }
             clock.mark()?;
             for call in 1..=args.iters {
                 queue(comm, output)?;
@@ -1033,52 +1044,17 @@ fn back_to_back<C: Collective, T: BenchElement>(
     let faults = minor_page_faults()? - faults_before;
     let calls = match clock {
         None => None,
-        Some(clock) if clock.is_gpu() => {
-            let calls = CallTimes::on_gpu(clock.calls_us()?);
-            // Calls held until queued: their time is the GPU's, not the
-            // host's queuing ahead of them.
-            elapsed = Duration::from_secs_f64(calls.times_us.iter().sum::<f64>() / 1e6);
-            Some(calls)
+        Some(clock) => {
+            let calls_us = clock.calls_us(comm)?;
+            if clock.is_gpu() {
+                // Calls held until queued: their time is the GPU's, not the
+                // host's queuing ahead of them.
+                elapsed = Duration::from_secs_f64(calls_us.iter().sum::<f64>() / 1e6);
+            }
+            Some(calls_us)
         }
-        Some(clock) => Some(CallTimes::on_host(clock.calls_us()?)),
     };
     Ok((elapsed, faults, calls))
-}
-
-/// One rank's time of each timed call (µs) and how the ranks' times of a
-/// call make the job's.
-struct CallTimes {
-    times_us: Vec<f64>,
-    across_ranks: ReduceOp,
-}
-
-impl CallTimes {
-    /// Calls timed on the host, each returned done: a call takes as long as
-    /// its slowest rank (a training step waits for it).
-    fn on_host(times_us: Vec<f64>) -> CallTimes {
-        CallTimes {
-            times_us,
-            across_ranks: ReduceOp::Max,
-        }
-    }
-
-    /// Calls queued back to back on the GPUs, timed by each rank's events
-    /// between them. The ranks' calls end together (they hand over on the
-    /// GPU), but an event is stamped when its stream reaches it, and streams
-    /// of ranks sharing a GPU are served in turn: one rank's stamp comes
-    /// late by up to 5 µs every other call and the other's early (measured
-    /// on an H100 under MPS at 8 B: the ranks' times of a call correlate at
-    /// -0.95, each rank's alternate 9 and 14 µs). The mean of the ranks'
-    /// times is the time between the job's successive ends of a call; the
-    /// slowest rank's would add every late stamp and no early one. A slow
-    /// call is slow on every rank (the others wait for it at the hand-off),
-    /// so the mean keeps it.
-    fn on_gpu(times_us: Vec<f64>) -> CallTimes {
-        CallTimes {
-            times_us,
-            across_ranks: ReduceOp::Avg,
-        }
-    }
 }
 
 /// Minor page faults of this process so far.

@@ -4,8 +4,9 @@
 //! memory; the same for the GPU hand-off (forced: ranks on one GPU would
 //! otherwise hand over on the host), with stream-ordered calls and CUDA
 //! graph replay, through device memory and (peer-to-peer off) through
-//! pinned shared host memory, whose GPU links the copy engines measure;
-//! and the gate that holds a stream until calls are queued ahead.
+//! pinned shared host memory, whose GPU links the copy engines measure,
+//! and calls that stamp their ends on the GPU; and the gate that holds a
+//! stream until calls are queued ahead.
 //! Several ranks share GPU 0 unless PCIEIPC_TEST_GPUS says
 //! how many GPUs to spread them over.
 //! Built only with `--features gpu-tests`; run by `make test-gpu`.
@@ -1215,6 +1216,116 @@ fn host_memory_handoff_stream_order_and_graph_replay_with_2_ranks() {
         2,
         LIMIT,
         stream_order_and_graph_replay_through_host_memory,
+    );
+}
+
+/// On the GPU hand-off each call asked to stamps its end on the GPU's
+/// clock: one stamp per call that launches (none for a call of no elements,
+/// none past the slots asked for), in call order, each after the last launch
+/// of its call (a call of three launches takes well over twice the time of
+/// one of a third its size), results unchanged; reading them stops the
+/// stamping. The host hand-off refuses to stamp, saying what would.
+fn calls_stamp_their_ends(role: Role) {
+    let mut host_handoff = join(&role, "stamps-host", options(AlgorithmChoice::Auto));
+    assert!(
+        !host_handoff.hands_off_on_gpu(),
+        "ranks sharing a GPU hand over on the host by default"
+    );
+    let refused = host_handoff.stamp_call_ends(4).unwrap_err().to_string();
+    assert!(
+        refused.contains("hands over on the host") && refused.contains("--handoff gpu"),
+        "{refused}"
+    );
+    drop(host_handoff);
+
+    for options in [handoff_options, host_memory_options] {
+        let mut comm = join_handed_off(&role, "stamps", options(AlgorithmChoice::Auto));
+        let gpu = comm.gpu().clone();
+        // 9 MiB: one launch (by the copy engines through host memory); 33
+        // MiB: three (the window holds 16 MiB for 2 ranks); 0: no launch.
+        let counts = [
+            2usize,
+            2,
+            7919,
+            0,
+            (1 << 20) + 3,
+            (9 << 20) / 4,
+            (33 << 20) / 4,
+            2,
+        ];
+        let inputs: Vec<DeviceBuffer<f32>> = counts
+            .iter()
+            .enumerate()
+            .map(|(call, &count)| {
+                DeviceBuffer::from_host(&gpu, &call_input(role.rank, call, count)).unwrap()
+            })
+            .collect();
+        let mut outputs: Vec<DeviceBuffer<f32>> = counts
+            .iter()
+            .map(|&count| DeviceBuffer::zeroed(&gpu, count).unwrap())
+            .collect();
+        let queue_all = |comm: &mut CudaCommunicator, outputs: &mut [DeviceBuffer<f32>]| {
+            // Held until every call is queued, so no gap is the host's.
+            let gate =
+                StreamGate::hold(&gpu, &gpu.stream_handle(), Duration::from_secs(60)).unwrap();
+            for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
+                comm.queue(GpuCall::all_reduce(input, output, ReduceOp::Sum))
+                    .unwrap();
+            }
+            gate.open();
+        };
+        // Once unstamped (the kernels' first launches load them), then stamped.
+        queue_all(&mut comm, &mut outputs);
+        comm.wait_for_gpu().unwrap();
+        assert!(
+            comm.call_ends_ns().unwrap().is_empty(),
+            "no stamps were asked for"
+        );
+        comm.stamp_call_ends(6).unwrap();
+        queue_all(&mut comm, &mut outputs);
+        let ends = comm.call_ends_ns().unwrap();
+        assert!(comm.gpu_failure().is_none(), "{:?}", comm.gpu_failure());
+        for (call, output) in outputs.iter().enumerate() {
+            assert!(
+                output.to_host().unwrap() == call_expected(role.nranks, call, counts[call]),
+                "rank {}: call {call} ({} elements) wrong with its end stamped",
+                role.rank,
+                counts[call]
+            );
+        }
+        let path = comm.data_path().clone();
+        assert_eq!(
+            ends.len(),
+            6,
+            "rank {} ({path:?}): the six calls that launch, up to the slots: {ends:?}",
+            role.rank
+        );
+        assert!(
+            ends[0] > 0 && ends.windows(2).all(|pair| pair[1] > pair[0]),
+            "rank {} ({path:?}): ends {ends:?}",
+            role.rank
+        );
+        let (nine_mib, thirty_three_mib) = (ends[4] - ends[3], ends[5] - ends[4]);
+        assert!(
+            thirty_three_mib * 10 > nine_mib * 22,
+            "rank {} ({path:?}): the 33 MiB call took {thirty_three_mib} ns, the 9 MiB call {nine_mib} ns: \
+             stamped before its last launch ended?",
+            role.rank
+        );
+        assert!(
+            comm.call_ends_ns().unwrap().is_empty(),
+            "reading the stamps stops them"
+        );
+    }
+}
+
+#[test]
+fn calls_stamp_their_ends_with_2_ranks() {
+    run_ranks(
+        "calls_stamp_their_ends_with_2_ranks",
+        2,
+        LIMIT,
+        calls_stamp_their_ends,
     );
 }
 

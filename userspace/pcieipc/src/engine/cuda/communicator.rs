@@ -87,6 +87,35 @@ impl CudaCommunicator {
         self.gpu_failure().map_or(Ok(()), Err)
     }
 
+    /// On the GPU hand-off, makes each of the next `calls` calls stamp, on
+    /// the GPU, the time its last kernel ended (the GPU's global timer, ns;
+    /// a call of no elements launches nothing and takes no stamp): a
+    /// per-call clock for calls queued back to back, which the host cannot
+    /// time and events between them blur (gpu_handoff/call_ends.rs).
+    /// [`call_ends_ns`](Self::call_ends_ns) reads them. Refused on the host
+    /// hand-off, where a call returns done and the host's clock times it.
+    pub fn stamp_call_ends(&mut self, calls: usize) -> Result<(), EngineError> {
+        let err = on_rank(self.rank);
+        match &mut self.gpu_handoff {
+            Some(handoff) => handoff.stamp_call_ends(calls).map_err(err),
+            None => Err(err(CudaError::NoGpuHandoff {
+                ordinal: self.gpu.ordinal(),
+                what: "stamping calls' ends on the GPU",
+            })),
+        }
+    }
+
+    /// The ends the calls since [`stamp_call_ends`](Self::stamp_call_ends)
+    /// stamped, in call order, once the GPU has run them (waits for every
+    /// stream of this GPU's context); stamping stops. Empty where none were
+    /// asked for.
+    pub fn call_ends_ns(&mut self) -> Result<Vec<u64>, EngineError> {
+        match &mut self.gpu_handoff {
+            Some(handoff) => handoff.take_call_ends().map_err(on_rank(self.rank)),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The error a hand-off kernel reported, if one has: every later call
     /// is refused with it.
     pub fn gpu_failure(&self) -> Option<EngineError> {

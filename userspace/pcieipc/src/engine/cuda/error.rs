@@ -39,6 +39,9 @@ pub enum CudaError {
         needed: usize,
     },
 
+    #[error("GPU {ordinal}: {what} needs calls handed over on the GPU; this communicator hands over on the host (--handoff gpu, or a GPU per rank)")]
+    NoGpuHandoff { ordinal: usize, what: &'static str },
+
     #[error("GPU {ordinal}: {what} of {got} elements, expected {expected}")]
     BufferLength {
         ordinal: usize,

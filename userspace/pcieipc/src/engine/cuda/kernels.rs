@@ -126,6 +126,9 @@ pub(crate) struct ExchangeArg {
     pub(crate) call: [u64; 2],
     /// Where a kernel that met another call writes both (host-mapped).
     pub(crate) calls: u64,
+    /// Where the call's last kernel stamps the GPU's time as it ends
+    /// (device memory, `gpu_handoff::CallEnds`), or 0: no stamp.
+    pub(crate) call_end: u64,
 }
 
 // SAFETY: `repr(C)` plain data laid out as the kernels' `struct Exchange`
@@ -435,9 +438,9 @@ impl Kernel {
             .arg(exchange);
         // SAFETY: the arguments match the kernels' common signature; `dst`
         // and `src` hold what the kernel reads and writes (the caller's
-        // promise: `HandoffLaunch`), and the
-        // exchange blocks and the error word stay mapped while the
-        // communicator lives, which drains its launches before it goes.
+        // promise: `HandoffLaunch`), and the exchange blocks, the error
+        // word and the call's end stamp stay mapped while the communicator
+        // lives, which drains its launches before it goes.
         unsafe { builder.launch(config) }.map_err(self.driver("launching a hand-off kernel"))?;
         Ok(())
     }
@@ -467,9 +470,9 @@ impl Kernel {
         let mut builder = stream.launch_builder(self.function(lazy)?);
         builder.arg(exchange).arg(&phase).arg(&word);
         // SAFETY: the arguments match the flag kernels' signature; they
-        // touch only the exchange blocks, the counters and the error word,
-        // which stay mapped while the communicator lives (it drains its
-        // launches before it goes).
+        // touch only the exchange blocks, the counters, the error word and
+        // the call's end stamp, which stay mapped while the communicator
+        // lives (it drains its launches before it goes).
         unsafe { builder.launch(config) }
             .map_err(self.driver("launching a hand-off flag kernel"))?;
         Ok(())

@@ -43,7 +43,9 @@
 //!   checked in a model of streams and flags; `copy_engines` queues it.
 //! - `report`: where kernels report a failure, and what it says.
 //! - `watchdog`: a peer's exit written into that report.
+//! - `call_ends`: each call's end stamped on the GPU, for a per-call clock.
 
+mod call_ends;
 mod copy_engines;
 mod copy_program;
 mod exchange;
@@ -72,6 +74,7 @@ use crate::engine::{
     Algorithm, AlgorithmChoice, CallDescriptor, CallKind, Communicator, EngineError,
 };
 use crate::trace::{Arg, Recorder};
+use call_ends::CallEnds;
 use copy_engines::CopyEngines;
 use exchange::Blocks;
 use report::FailureReport;
@@ -123,6 +126,8 @@ pub(super) struct GpuHandoff {
     limits: Limits,
     /// The kernels of each call, when tracing.
     spans: Option<KernelSpans>,
+    /// Where calls stamp their ends, when asked (`stamp_call_ends`).
+    call_ends: Option<CallEnds>,
     last_call: Option<CallDescriptor>,
 }
 
@@ -193,6 +198,7 @@ impl GpuHandoff {
             algorithm: settings.algorithm,
             limits: plan::limits(settings.one_shot_bytes, settings.window, nranks),
             spans: control.trace().map(|_| KernelSpans::new(gpu.clone())),
+            call_ends: None,
             last_call: None,
         })
     }
@@ -266,7 +272,8 @@ impl GpuHandoff {
         let kernel = self.gpu.kernel(call.dtype, call.op).map_err(&err)?;
         let stream = call.stream_of(&self.gpu).clone();
         self.order_after_last_call(&stream).map_err(&err)?;
-        let argument = self.argument(descriptor);
+        let call_end = self.call_ends.as_mut().map_or(0, CallEnds::next_call);
+        let argument = self.argument(descriptor, call_end);
         let traced = match &mut self.spans {
             Some(spans) => Some(spans.begin(&stream).map_err(&err)?),
             None => None,
@@ -315,8 +322,28 @@ impl GpuHandoff {
         Ok(())
     }
 
-    /// The exchange as the kernels take it, for the call `descriptor`.
-    fn argument(&self, descriptor: CallDescriptor) -> ExchangeArg {
+    /// Makes each of the next `calls` calls that launch anything (a call
+    /// of no elements launches nothing) stamp its end on the GPU's clock,
+    /// read back by [`take_call_ends`](Self::take_call_ends).
+    pub(super) fn stamp_call_ends(&mut self, calls: usize) -> Result<(), CudaError> {
+        self.call_ends = Some(CallEnds::new(&self.gpu, calls)?);
+        Ok(())
+    }
+
+    /// The ends the calls since `stamp_call_ends` stamped (ns of the GPU's
+    /// global timer), once the GPU has run every stream's work; stamping
+    /// stops. Empty where none were asked for.
+    pub(super) fn take_call_ends(&mut self) -> Result<Vec<u64>, CudaError> {
+        let Some(ends) = self.call_ends.take() else {
+            return Ok(Vec::new());
+        };
+        self.gpu.synchronize()?;
+        ends.read()
+    }
+
+    /// The exchange as the kernels take it, for the call `descriptor`,
+    /// whose end is stamped at `call_end` (0: not stamped).
+    fn argument(&self, descriptor: CallDescriptor, call_end: u64) -> ExchangeArg {
         let [call_head, call_count, _] = descriptor.to_words();
         ExchangeArg {
             base: std::array::from_fn(|rank| {
@@ -334,6 +361,7 @@ impl GpuHandoff {
             epochs: self.epochs.address(),
             call: [call_head, call_count],
             calls: self.report.calls_device_address(),
+            call_end,
         }
     }
 

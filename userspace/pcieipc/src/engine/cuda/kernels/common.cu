@@ -151,6 +151,7 @@ struct Exchange {
     volatile u64* epochs;      // [HBLOCKS] launch counters, this rank's device memory
     u64 call[2];               // this call's descriptor, carried by every flag
     volatile u64* calls;       // host-mapped: a mismatch's calls, the peer's then ours
+    u64* call_end;             // device memory: the call's end on the GPU's clock, or null
 };
 
 // This block's epoch for this launch: its counter plus one (thread 0 reads
@@ -161,16 +162,25 @@ __device__ __forceinline__ u64 begin(const Exchange& x) {
     __syncthreads();
     return epoch;
 }
+// Where the call's end is asked for (a per-call clock: gpu_handoff/
+// call_ends.rs), the GPU's time now, the latest of every block and launch
+// of the call kept.
+__device__ __forceinline__ void stamp_call_end(const Exchange& x) {
+    if (x.call_end) atomicMax(x.call_end, globaltimer());
+}
 // A launch may take fewer blocks than HBLOCKS (a small message takes few):
 // its first block also moves the counters of the blocks it did not run, so
 // that every block of a later launch starts from the same epoch, and with it
-// the same parity of the slots.
+// the same parity of the slots. The call's end is stamped once every thread
+// of the block is done.
 __device__ __forceinline__ void finish(const Exchange& x, u64 epoch) {
+    if (x.call_end) __syncthreads();
     if (threadIdx.x == 0) {
         x.epochs[blockIdx.x] = epoch;
         if (blockIdx.x == 0) {
             for (unsigned b = gridDim.x; b < HBLOCKS; b++) x.epochs[b] = epoch;
         }
+        stamp_call_end(x);
     }
 }
 

@@ -37,7 +37,8 @@ extern "C" __global__ void handoff_copies_await(Exchange x, unsigned phase, unsi
 
 // Tells every peer this rank has reached the meeting of `phase` (0: the
 // launch's start, 1: its end) and waits to hear the same from each; at the
-// end (`last`), moves every block's counter to the launch's epoch.
+// end (`last`), moves every block's counter to the launch's epoch and
+// stamps the call's end (every copy and flag of the launch is behind it).
 extern "C" __global__ void handoff_copies_meet(Exchange x, unsigned phase, unsigned last) {
     u64 epoch = copies_epoch(x);
     for (unsigned peer = 0; peer < x.nranks; peer++) {
@@ -49,6 +50,7 @@ extern "C" __global__ void handoff_copies_meet(Exchange x, unsigned phase, unsig
     }
     if (last) {
         for (unsigned b = 0; b < HBLOCKS; b++) x.epochs[b] = epoch;
+        stamp_call_end(x);
     }
 }
 
