@@ -1223,8 +1223,9 @@ fn host_memory_handoff_stream_order_and_graph_replay_with_2_ranks() {
 /// clock: one stamp per call that launches (none for a call of no elements,
 /// none past the slots asked for), in call order, each after the last launch
 /// of its call (a call of three launches takes well over twice the time of
-/// one of a third its size), results unchanged; reading them stops the
-/// stamping. The host hand-off refuses to stamp, saying what would.
+/// one of a third its size), results unchanged; asking again drops the
+/// stamps so far, reading them stops the stamping. The host hand-off
+/// refuses to stamp, saying what would.
 fn calls_stamp_their_ends(role: Role) {
     let mut host_handoff = join(&role, "stamps-host", options(AlgorithmChoice::Auto));
     assert!(
@@ -1281,6 +1282,10 @@ fn calls_stamp_their_ends(role: Role) {
             comm.call_ends_ns().unwrap().is_empty(),
             "no stamps were asked for"
         );
+        // Asked again before they are read, the stamps so far are dropped
+        // (once their calls have run): only the later calls' are read.
+        comm.stamp_call_ends(3).unwrap();
+        queue_all(&mut comm, &mut outputs);
         comm.stamp_call_ends(6).unwrap();
         queue_all(&mut comm, &mut outputs);
         let ends = comm.call_ends_ns().unwrap();

@@ -92,8 +92,10 @@ impl CudaCommunicator {
     /// a call of no elements launches nothing and takes no stamp): a
     /// per-call clock for calls queued back to back, which the host cannot
     /// time and events between them blur (gpu_handoff/call_ends.rs).
-    /// [`call_ends_ns`](Self::call_ends_ns) reads them. Refused on the host
-    /// hand-off, where a call returns done and the host's clock times it.
+    /// [`call_ends_ns`](Self::call_ends_ns) reads them; asking again
+    /// before that drops the stamps so far (once their calls have run).
+    /// Refused on the host hand-off, where a call returns done and the
+    /// host's clock times it.
     pub fn stamp_call_ends(&mut self, calls: usize) -> Result<(), EngineError> {
         let err = on_rank(self.rank);
         match &mut self.gpu_handoff {

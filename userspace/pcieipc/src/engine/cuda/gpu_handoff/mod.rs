@@ -326,6 +326,11 @@ impl GpuHandoff {
     /// of no elements launches nothing) stamp its end on the GPU's clock,
     /// read back by [`take_call_ends`](Self::take_call_ends).
     pub(super) fn stamp_call_ends(&mut self, calls: usize) -> Result<(), CudaError> {
+        if self.call_ends.is_some() {
+            // Calls queued under the stamps before may still write them:
+            // they are freed only once those calls have run.
+            self.gpu.synchronize()?;
+        }
         self.call_ends = Some(CallEnds::new(&self.gpu, calls)?);
         Ok(())
     }
