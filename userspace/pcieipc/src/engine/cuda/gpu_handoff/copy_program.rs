@@ -140,9 +140,7 @@ impl Step {
             Step::Reduce { .. } => Some("reduce"),
         }
     }
-}
 
-impl Step {
     /// The peer at a copy's other end: whose exchange block slot it writes
     /// or reads.
     pub(super) fn peer(&self) -> Option<usize> {
