@@ -275,9 +275,44 @@ impl Agreement {
         }
     }
 
-    /// The stamp of the current call, as messages carry it.
+    /// The stamp of the current call, as messages carry it: its number, its
+    /// descriptor's head and count, and its chunk size alone in the low half
+    /// of the fourth word, whose high half is the message's checksum
+    /// (`message::check_word`). The slot fill, which the descriptor keeps in
+    /// that half, stays out: on a checksummed message it would corrupt the
+    /// checksum (every resend alike), and receivers take it from rank 0's
+    /// published descriptor, not from stamps.
     pub(crate) fn stamp(&self) -> [u64; 4] {
-        let [head, count, chunk_bytes] = self.current().to_words();
-        [self.calls, head, count, chunk_bytes]
+        let call = self.current();
+        let [head, count, _] = call.to_words();
+        [self.calls, head, count, u64::from(call.chunk_bytes)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_leaves_the_checksum_half_to_the_checksum() {
+        let mut agreement = Agreement::new(0, 3, ChunkPolicy::default(), None);
+        let mut call = Agreement::describe(
+            CallKind::AllReduce,
+            DType::F32,
+            Some(ReduceOp::Sum),
+            1 << 20,
+            0,
+            Algorithm::Ring,
+        );
+        call.chunk_bytes = 1 << 20;
+        call.bypass_slots = true;
+        agreement.current = Some(call);
+        let stamp = agreement.stamp();
+        assert_eq!(stamp[3], 1 << 20, "the chunk size alone");
+        assert_eq!(stamp[1..3], call.to_words()[..2]);
+        let decoded =
+            CallDescriptor::from_words([stamp[1], stamp[2], stamp[3]]).expect("a stamp decodes");
+        assert!(decoded.same_call(&call));
+        assert_eq!(decoded.chunk_bytes, 1 << 20);
     }
 }
