@@ -12,8 +12,10 @@
 //! Slot fills chosen by measurement). Neither fixed choice holds in both
 //! states, so each class of call (kind, power-of-two size, in place or
 //! not) starts on the fill its nearest decided size keeps, tries both fills
-//! once its first calls have warmed the caches (`TRIALS`) and keeps the
-//! faster. After that a call runs on the other fill (a probe) when the kept
+//! on its first calls (`EARLY_TRIALS`) and keeps the faster when one is
+//! clearly so, and otherwise tries them again once its first calls have
+//! warmed the caches (`TRIALS`) and keeps the faster. After that a call
+//! runs on the other fill (a probe) when the kept
 //! fill's recent calls have slowed clearly past what they took when it was
 //! last confirmed (the host moved the vCPUs), and otherwise after a run of
 //! kept calls that doubles from 64 to `PROBE_EVERY` while probes lose,
@@ -93,6 +95,30 @@ const PROBE_GAP: u32 = 64;
 /// non-temporal trials also kept the caches colder, which put off the
 /// steady rate by several calls.
 const TRIALS: std::ops::Range<u32> = 8..12;
+/// The calls tried first: the other fill on call 3, the kept one on call
+/// 4. When either took less than `DECISIVE_BELOW` of the other's time the
+/// class keeps the faster at once and skips `TRIALS`; otherwise `TRIALS`
+/// decide. On the 2-vCPU EPYC VM of family 25 model 1 plain fills ran 128
+/// KiB to 1 MiB at 3–5 times non-temporal ones, so a class that started on
+/// plain fills ran its calls 1 to 7 at that, and every class ran its two
+/// trials of the slower fill among nccl-tests' timed calls (`-w 5` times
+/// calls 5 to 24) at 3–8 times the steady time each; calls 3 and 4 are
+/// still inside the warm-up such a run leaves untimed. Not calls 1 and 2:
+/// there a 2 MiB class's call 1 still ran at about twice call 2's time
+/// while the caches warmed, which read as the kept fill decisively faster
+/// in 7 of 10 traced runs, where its later trials found the other fill
+/// faster (the class kept the slower fill for 64 calls). One call of each,
+/// not two: two of each put the first call at the steady rate a call or
+/// two later. So one stalled call can decide here, where `TRIALS` do not
+/// let it; a stall makes only the fill it hit look slower, and a wrong
+/// choice lasts until the first periodic probe, `PROBE_GAP` calls later.
+const EARLY_TRIALS: std::ops::Range<u32> = 3..5;
+/// How far apart the fills' early trial calls must be to decide without
+/// `TRIALS`. The margin is wide because the first calls still warm the
+/// caches (the kept fill's call is the later, so the warming favours it);
+/// the fills differ by 3–5× where the EPYC VM makes plain fills slow, by
+/// up to about 1.8× where plain fills are the faster.
+const DECISIVE_BELOW: f64 = 0.6;
 /// A probe wins when it took less than this share of the kept fill's
 /// typical time. The two states differ by 2–7× on the EPYC VM and the fills
 /// by about 1.8× where plain stores are the faster, so a margin this wide
@@ -111,9 +137,12 @@ struct Class {
     bypass: bool,
     /// Calls of this class so far.
     calls: u32,
-    /// The best times of the kept and the other fill in the trials (ns).
+    /// The best times of the kept and the other fill in the trials under
+    /// way (ns).
     kept_best: Option<u64>,
     other_best: Option<u64>,
+    /// The early trials were decisive: `TRIALS` are skipped.
+    decided_early: bool,
     /// The kept fill's latest call times (ns), `filled` of them, the next
     /// written at `next`.
     recent: [u64; RECENT_CALLS],
@@ -142,18 +171,51 @@ impl Class {
         }
     }
 
-    /// Whether the next call is one of the trials (`TRIALS`).
-    fn in_trials(&self) -> bool {
-        TRIALS.contains(&self.calls)
+    /// The trials the next call is one of (`EARLY_TRIALS`, or `TRIALS`
+    /// where the early ones did not decide), if any.
+    fn trials(&self) -> Option<std::ops::Range<u32>> {
+        if EARLY_TRIALS.contains(&self.calls) {
+            Some(EARLY_TRIALS)
+        } else if TRIALS.contains(&self.calls) && !self.decided_early {
+            Some(TRIALS)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the class has chosen by its own trials.
+    fn decided(&self) -> bool {
+        self.decided_early || self.calls >= TRIALS.end
     }
 
     /// Whether the next call runs on the fill not kept: every other trial
     /// (the first included), or a probe (drift, or the periodic one).
     fn is_probe(&self) -> bool {
-        if self.in_trials() {
-            return (self.calls - TRIALS.start).is_multiple_of(2);
+        if let Some(trials) = self.trials() {
+            return (self.calls - trials.start).is_multiple_of(2);
         }
         self.drifted || self.since_probe >= self.probe_interval.max(PROBE_GAP)
+    }
+
+    /// After the last call of `trials`: keeps the other fill where its
+    /// better call took less than the trials' margin of the kept fill's,
+    /// and marks early trials that found either fill that much faster as
+    /// the decision.
+    fn end_trials(&mut self, trials: std::ops::Range<u32>) {
+        let (Some(other), Some(kept)) = (self.other_best.take(), self.kept_best.take()) else {
+            return;
+        };
+        let early = trials == EARLY_TRIALS;
+        let margin = if early {
+            DECISIVE_BELOW
+        } else {
+            PROBE_WINS_BELOW
+        };
+        let faster = |a: u64, b: u64| (a as f64) < b as f64 * margin;
+        if faster(other, kept) {
+            self.flip(other);
+        }
+        self.decided_early = early && (faster(other, kept) || faster(kept, other));
     }
 
     fn flip(&mut self, nanos: u64) {
@@ -269,7 +331,7 @@ impl FillChooser {
         let (kind, size) = (class.0 / SIZE_CLASSES, class.0 % SIZE_CLASSES);
         let decided = |size: usize| {
             let state = &self.classes[kind * SIZE_CLASSES + size];
-            (state.calls >= TRIALS.end).then_some(state.bypass)
+            state.decided().then_some(state.bypass)
         };
         (1..SIZE_CLASSES)
             .find_map(|distance| {
@@ -287,7 +349,7 @@ impl FillChooser {
     pub(crate) fn record(&mut self, class: CallClass, nanos: u64) {
         let state = &mut self.classes[class.0];
         let best = |best: Option<u64>| Some(best.map_or(nanos, |best| best.min(nanos)));
-        if state.in_trials() {
+        if let Some(trials) = state.trials() {
             if state.is_probe() {
                 state.other_best = best(state.other_best);
                 state.since_probe = 0;
@@ -295,12 +357,8 @@ impl FillChooser {
                 state.kept_best = best(state.kept_best);
                 state.remember(nanos);
             }
-            if state.calls == TRIALS.end - 1 {
-                if let (Some(other), Some(kept)) = (state.other_best, state.kept_best) {
-                    if (other as f64) < kept as f64 * PROBE_WINS_BELOW {
-                        state.flip(other);
-                    }
-                }
+            if state.calls == trials.end - 1 {
+                state.end_trials(trials);
             }
         } else if state.is_probe() {
             let wins = state
@@ -375,12 +433,26 @@ mod tests {
         }
     }
 
+    /// Plain fills faster, but not by the early trials' margin.
+    fn faster_cache(_: u32, fill: SlotFill) -> u64 {
+        match fill {
+            SlotFill::Cached => 30_000,
+            _ => 40_000,
+        }
+    }
+
     /// The calls of a class that probe while every probe loses and nothing
-    /// drifts, up to `calls`: the trials' two, then after runs of kept
-    /// calls doubling from `PROBE_GAP` to `PROBE_EVERY`.
-    fn periodic_probes(calls: u32) -> Vec<u32> {
-        let mut probes = vec![TRIALS.start, TRIALS.start + 2];
-        let (mut next, mut run) = (TRIALS.end + PROBE_GAP, PROBE_GAP);
+    /// drifts, up to `calls`: the early trial's one, the trials' two unless
+    /// the early trials `decided`, then after runs of kept calls doubling
+    /// from `PROBE_GAP` to `PROBE_EVERY`.
+    fn periodic_probes(decided: bool, calls: u32) -> Vec<u32> {
+        let mut probes = vec![EARLY_TRIALS.start];
+        let mut next = EARLY_TRIALS.end + PROBE_GAP;
+        if !decided {
+            probes.extend([TRIALS.start, TRIALS.start + 2]);
+            next = TRIALS.end + PROBE_GAP;
+        }
+        let mut run = PROBE_GAP;
         while next < calls {
             probes.push(next);
             run = (2 * run).min(PROBE_EVERY);
@@ -391,47 +463,86 @@ mod tests {
 
     #[test]
     fn keeps_plain_stores_while_they_are_faster_probing_ever_more_rarely() {
-        let mut chooser = FillChooser::new();
-        let fills = run(&mut chooser, 4 * PROBE_EVERY, fast_cache);
-        let probes = periodic_probes(4 * PROBE_EVERY);
-        assert_eq!(probes, [8, 10, 76, 205, 462, 975, 2000, 3025, 4050]);
-        for (call, fill) in fills.iter().enumerate() {
-            let call = call as u32;
-            let expected = if probes.contains(&call) {
-                SlotFill::Bypass
-            } else {
-                SlotFill::Cached
-            };
-            assert_eq!(*fill, expected, "call {call}");
+        // Clearly faster (0.55 of bypass's time): decided by the early
+        // trial, so no trials on calls 8 and 10.
+        let decided = periodic_probes(true, 4 * PROBE_EVERY);
+        assert_eq!(decided, [3, 69, 198, 455, 968, 1993, 3018, 4043]);
+        // Faster by less (0.75): the trials decide.
+        let undecided = periodic_probes(false, 4 * PROBE_EVERY);
+        assert_eq!(undecided, [3, 8, 10, 76, 205, 462, 975, 2000, 3025, 4050]);
+        for (times, probes) in [
+            (fast_cache as fn(u32, SlotFill) -> u64, decided),
+            (faster_cache, undecided),
+        ] {
+            let mut chooser = FillChooser::new();
+            let fills = run(&mut chooser, 4 * PROBE_EVERY, times);
+            for (call, fill) in fills.iter().enumerate() {
+                let call = call as u32;
+                let expected = if probes.contains(&call) {
+                    SlotFill::Bypass
+                } else {
+                    SlotFill::Cached
+                };
+                assert_eq!(*fill, expected, "call {call}");
+            }
         }
     }
 
     #[test]
     fn a_class_whose_plain_fills_are_slow_moves_to_bypass_after_its_trials() {
+        use SlotFill::{Bypass, Cached};
         let mut chooser = FillChooser::new();
         // The first calls (first touches, cold caches) are slow whatever
-        // their fill, and are not trials.
+        // their fill: the early trials do not decide, the trials do.
         let fills = run(&mut chooser, 12, |call, fill| match call {
             0 => 3_000_000,
             1..=7 => 900_000,
             _ => slow_cache(call, fill),
         });
-        use SlotFill::{Bypass, Cached};
-        assert_eq!(fills[..8], [Cached; 8]);
+        assert_eq!(
+            fills[..8],
+            [Cached, Cached, Cached, Bypass, Cached, Cached, Cached, Cached]
+        );
         assert_eq!(fills[8..], [Bypass, Cached, Bypass, Cached]);
         let fills = run(&mut chooser, PROBE_GAP, slow_cache);
         assert!(fills.iter().all(|fill| *fill == Bypass), "{fills:?}");
         // One stalled trial call does not decide: the other trial counts.
         let mut chooser = FillChooser::new();
         run(&mut chooser, 12, |call, fill| match call {
+            1..=7 => 900_000,
             8 => 9_000_000,
             _ => slow_cache(call, fill),
         });
         assert_eq!(chooser.choose(CLASS()), Bypass);
         // Where plain fills are faster, the class stays on them.
         let mut chooser = FillChooser::new();
-        run(&mut chooser, 12, fast_cache);
+        run(&mut chooser, 12, faster_cache);
         assert_eq!(chooser.choose(CLASS()), Cached);
+    }
+
+    #[test]
+    fn a_class_decides_on_its_first_calls_when_one_fill_is_clearly_faster() {
+        use SlotFill::{Bypass, Cached};
+        // Plain fills 4 times slower: bypass from call 5, and no trial of
+        // plain fills before the first periodic probe.
+        let mut chooser = FillChooser::new();
+        let fills = run(&mut chooser, 5 + PROBE_GAP + 1, slow_cache);
+        assert_eq!(fills[..5], [Cached, Cached, Cached, Bypass, Cached]);
+        assert_eq!(
+            calls_on(&fills, Cached),
+            [0, 1, 2, 4, 5 + PROBE_GAP as usize]
+        );
+        // Decided early, the class is a decided size for the others.
+        let larger = CallClass::new(CallKind::AllReduce, 1 << 20, false);
+        assert_eq!(chooser.choose(larger), Bypass);
+        // Just inside the margin: the trials decide, not the early ones.
+        let mut chooser = FillChooser::new();
+        let fills = run(&mut chooser, 13, |_, fill| match fill {
+            Cached => 40_000,
+            _ => 25_000,
+        });
+        assert_eq!(calls_on(&fills, Bypass), [3, 8, 10, 12]);
+        assert_eq!(chooser.choose(CLASS()), Bypass);
     }
 
     #[test]
@@ -440,12 +551,16 @@ mod tests {
         let all_reduce =
             |bytes: usize, in_place| CallClass::new(CallKind::AllReduce, bytes, in_place);
         let mut chooser = FillChooser::new();
-        // 64 KiB decides on bypass in its trials (plain fills slow).
-        run_class(&mut chooser, all_reduce(64 << 10, false), 12, slow_cache);
+        // 64 KiB decides on bypass in its trials (plain fills slow, but
+        // not by the early trials' margin).
+        let slower_cache = |_, fill| match fill {
+            Cached => 60_000,
+            _ => 40_000,
+        };
+        run_class(&mut chooser, all_reduce(64 << 10, false), 12, slower_cache);
         // 256 KiB starts there, and its trials try plain stores.
-        let fills = run_class(&mut chooser, all_reduce(256 << 10, false), 12, slow_cache);
-        assert_eq!(fills[..8], [Bypass; 8]);
-        assert_eq!(fills[8..], [Cached, Bypass, Cached, Bypass]);
+        let fills = run_class(&mut chooser, all_reduce(256 << 10, false), 12, slower_cache);
+        assert_eq!(calls_on(&fills, Cached), [3, 8, 10]);
         // Not another placement's or collective's: those start on plain
         // stores until a class of their own has decided.
         assert_eq!(chooser.choose(all_reduce(256 << 10, true)), Cached);
@@ -455,8 +570,8 @@ mod tests {
         );
         // Its own trials still decide: 1 MiB, where plain fills are faster,
         // starts on bypass and keeps plain stores after call 11.
-        let fills = run_class(&mut chooser, all_reduce(1 << 20, false), 12, fast_cache);
-        assert_eq!(fills[..8], [Bypass; 8]);
+        let fills = run_class(&mut chooser, all_reduce(1 << 20, false), 12, faster_cache);
+        assert_eq!(calls_on(&fills, Cached), [3, 8, 10]);
         assert_eq!(chooser.choose(all_reduce(1 << 20, false)), Cached);
         // The nearest decided size: 4 MiB is nearer 1 MiB (plain) than 64 KiB
         // (bypass); 512 KiB lies between 256 KiB (bypass) and 1 MiB (plain),
@@ -465,9 +580,11 @@ mod tests {
         assert_eq!(chooser.choose(all_reduce(512 << 10, false)), Bypass);
         // A class that has begun keeps its own course: 256 KiB in place,
         // once past its first call, is not moved by what others decide.
-        run_class(&mut chooser, all_reduce(256 << 10, true), 1, fast_cache);
+        run_class(&mut chooser, all_reduce(256 << 10, true), 1, faster_cache);
         run_class(&mut chooser, all_reduce(128 << 10, true), 12, slow_cache);
-        assert_eq!(chooser.choose(all_reduce(256 << 10, true)), Cached);
+        // Its calls 1 to 7: plain stores but for the early trial, call 3.
+        let fills = run_class(&mut chooser, all_reduce(256 << 10, true), 7, faster_cache);
+        assert_eq!(calls_on(&fills, Bypass), [3 - 1]);
     }
 
     #[test]
@@ -476,7 +593,7 @@ mod tests {
         let mut chooser = FillChooser::new();
         // Past the trials and the first periodic probe (call 76), by more
         // than PROBE_GAP calls.
-        run(&mut chooser, 150, fast_cache);
+        run(&mut chooser, 150, faster_cache);
         // The host moves the vCPUs: once the median of the kept fill's
         // recent calls has slowed (4 of 8), the next call (154) probes,
         // finds bypass faster and keeps it.
@@ -504,12 +621,12 @@ mod tests {
     fn a_host_slower_for_both_fills_is_probed_once_per_change() {
         use SlotFill::{Bypass, Cached};
         let mut chooser = FillChooser::new();
-        run(&mut chooser, 180, fast_cache);
+        run(&mut chooser, 180, faster_cache);
         // Both fills 2.3 times slower: one probe (call 184, the fifth slow
         // one), lost; plain stores stay and are not probed again before
         // the next periodic probe (call 441).
         let slower = |_, fill| match fill {
-            Cached => 50_000,
+            Cached => 69_000,
             _ => 92_000,
         };
         let fills = run(&mut chooser, 200, slower);
@@ -518,7 +635,7 @@ mod tests {
         // Slower again at once: drift shows after 4 calls, but the probe
         // waits until PROBE_GAP kept calls have run since the last one.
         let mut chooser = FillChooser::new();
-        run(&mut chooser, 180, fast_cache);
+        run(&mut chooser, 180, faster_cache);
         let fills = run(&mut chooser, 5 + 10, slower);
         assert_eq!(fills.iter().filter(|fill| **fill == Bypass).count(), 1);
         let slowest = |_, fill| match fill {
@@ -550,7 +667,7 @@ mod tests {
             2 * PROBE_GAP + TRIALS.end,
             |call, fill| match (call, fill) {
                 (call, _) if call == stalled => 3_000_000,
-                (_, SlotFill::Cached) => 22_000,
+                (_, SlotFill::Cached) => 30_000,
                 _ => 40_000,
             },
         );
