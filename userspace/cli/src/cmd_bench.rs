@@ -123,8 +123,7 @@ pub struct Args {
     /// 1 MiB on the GPU hand-off through host memory.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     one_shot_bytes: Option<usize>,
-    /// Microseconds a waiting rank spins before it sleeps on the futex
-    /// (for a millisecond after it woke a sleeping peer, until then).
+    /// Microseconds a waiting rank spins before it sleeps on the futex.
     #[arg(long, value_name = "US")]
     spin_us: Option<u64>,
     /// shm: `auto` lets ranks read each other's buffers (process_vm_readv)

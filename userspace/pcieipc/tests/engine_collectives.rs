@@ -1,8 +1,7 @@
 //! Every collective, dtype and op against a sequential reference, with the
 //! ranks as separate processes: N = 2, 3, 4, 7; counts 0, 1, N−1, N+1 and a
 //! prime for every dtype × op, 1 MiB + 3 for a subset; ring and one-shot; in
-//! place and out of place; and what the ring's traces show of slot fills and
-//! of waits after a wake.
+//! place and out of place.
 
 mod engine_support;
 
@@ -739,18 +738,13 @@ fn slot_fills(role: Role, test: &str) {
     }
 }
 
-/// Rank `rank`'s trace under `prefix`, its file removed.
-fn take_trace(prefix: &std::path::Path, rank: usize) -> serde_json::Value {
-    let file = format!("{}.rank{rank}.json", prefix.display());
-    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
-    std::fs::remove_file(&file).expect("remove the trace");
-    serde_json::from_str(&text).expect("trace JSON")
-}
-
 /// Each call's slot fill from rank `rank`'s trace, in call order, per
 /// message size in elements.
 fn fills_traced(prefix: &std::path::Path, rank: usize) -> Vec<(i64, Vec<String>)> {
-    let trace = take_trace(prefix, rank);
+    let file = format!("{}.rank{rank}.json", prefix.display());
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    std::fs::remove_file(&file).expect("remove the trace");
+    let trace: serde_json::Value = serde_json::from_str(&text).expect("trace JSON");
     let mut calls: Vec<(i64, i64, String)> = trace["traceEvents"]
         .as_array()
         .expect("events")
@@ -945,91 +939,4 @@ fn slot_fills_are_probed_and_agreed_on_2_ranks() {
 #[test]
 fn slot_fills_are_probed_and_agreed_on_3_ranks() {
     check_slot_fills("slot_fills_are_probed_and_agreed_on_3_ranks", 3);
-}
-
-/// Calls in `waits_after_a_wake`.
-const WAKE_CALLS: usize = 300;
-/// How long after a rank woke a sleeping peer its waits spin
-/// (`WOKEN_PEER_SPIN` in engine/comm/peers.rs), in the trace's microseconds.
-const WOKEN_PEER_SPIN_US: f64 = 1000.0;
-
-/// Ranks that never spin (`spin` 0, so every wait not met at once sleeps)
-/// make WAKE_CALLS 8-byte all_reduce calls, traced, each exact.
-fn waits_after_a_wake(role: Role, test: &str) {
-    let options = CommOptions {
-        spin: Duration::ZERO,
-        trace: Some(trace_prefix(test, std::os::unix::process::parent_id())),
-        ..CommOptions::default()
-    };
-    let mut comm =
-        Communicator::init(&role.rendezvous, role.rank, role.nranks, options).expect("init");
-    let nranks = role.nranks as i64;
-    for call in 0..WAKE_CALLS as i64 {
-        let input = [call * 10 + role.rank as i64];
-        let mut output = [0i64];
-        comm.all_reduce(&input, &mut output, ReduceOp::Sum)
-            .expect("all_reduce");
-        let sum = call * 10 * nranks + nranks * (nranks - 1) / 2;
-        assert_eq!(output[0], sum, "rank {}, call {call}", role.rank);
-    }
-}
-
-/// The start times (µs) of the events of category `cat` in `trace`, in
-/// order.
-fn traced_starts(trace: &serde_json::Value, cat: &str) -> Vec<f64> {
-    let mut starts: Vec<f64> = trace["traceEvents"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .filter(|event| event["cat"] == cat)
-        .map(|event| event["ts"].as_f64().expect("a start"))
-        .collect();
-    starts.sort_by(f64::total_cmp);
-    starts
-}
-
-/// A rank that woke a sleeping peer spins in its waits for the next
-/// millisecond instead of sleeping: the woken peer is still waking up, and a
-/// rank asleep on it would be woken by it in turn, the two sleeping by turns
-/// (engine/comm/peers.rs, `WOKEN_PEER_SPIN`). With no spin otherwise, every
-/// sleep of a rank must start at least that long after its last wake; and
-/// the run must have had wakes, or it tested nothing.
-fn check_no_sleep_soon_after_a_wake(test: &str, nranks: usize) {
-    run_ranks(test, nranks, LIMIT, |role| waits_after_a_wake(role, test));
-    if engine_support::role().is_some() {
-        return;
-    }
-    let prefix = trace_prefix(test, std::process::id());
-    let mut wakes_seen = 0;
-    for rank in 0..nranks {
-        let trace = take_trace(&prefix, rank);
-        let wakes = traced_starts(&trace, "wake");
-        let sleeps = traced_starts(&trace, "sleep");
-        for sleep in sleeps {
-            let last_wake = wakes.iter().rev().find(|&&wake| wake <= sleep);
-            if let Some(wake) = last_wake {
-                // The trace notes a wake just after the store that made it.
-                assert!(
-                    sleep - wake >= WOKEN_PEER_SPIN_US - 20.0,
-                    "rank {rank} slept {:.1} µs after it woke a peer (at {wake:.1} µs)",
-                    sleep - wake
-                );
-            }
-        }
-        wakes_seen += wakes.len();
-    }
-    assert!(
-        wakes_seen >= 20,
-        "only {wakes_seen} wakes in {WAKE_CALLS} calls with no spin"
-    );
-}
-
-#[test]
-fn no_rank_sleeps_on_a_peer_it_just_woke_on_2_ranks() {
-    check_no_sleep_soon_after_a_wake("no_rank_sleeps_on_a_peer_it_just_woke_on_2_ranks", 2);
-}
-
-#[test]
-fn no_rank_sleeps_on_a_peer_it_just_woke_on_3_ranks() {
-    check_no_sleep_soon_after_a_wake("no_rank_sleeps_on_a_peer_it_just_woke_on_3_ranks", 3);
 }

@@ -32,9 +32,6 @@ pub struct CommOptions {
     pub peer_timeout: Duration,
     /// How long a waiting rank polls before it sleeps on the futex: a short
     /// spin hides the wake-up latency when the peer is only slightly late.
-    /// For a millisecond after a rank woke a sleeping peer its waits poll
-    /// at least that long, whatever this says (the woken peer is still
-    /// waking up: engine/comm/peers.rs, `WOKEN_PEER_SPIN`).
     pub spin: Duration,
     pub chunk_policy: ChunkPolicy,
     /// The link under this rank's ring hop at init (`None`: host memory),

@@ -29,17 +29,6 @@ const EAGER_SPIN: Duration = Duration::from_micros(2);
 /// rank waiting for a late peer costs next to no CPU.
 const LIVENESS_SLICE: Duration = Duration::from_millis(10);
 
-/// For this long after a store of this rank woke a sleeping peer, its waits
-/// spin at least until then before they sleep. A woken rank runs again only
-/// after its host's wake-up latency, 130-150 us on the 2-vCPU EPYC VM
-/// (traced), longer than the usual spin: its peer, waiting on it meanwhile,
-/// fell asleep in turn and was woken by it, and the two ranks slept by
-/// turns for the rest of the run, every other call of 8-32 B taking ~150 us
-/// instead of under 1 (3 of 12 runs of `pcieipc bench -b 8 -e 32 -n 20 -w
-/// 5` there). The longer spin is paid only after a wake, which already cost
-/// a system call, and ends as soon as the woken peer answers.
-const WOKEN_PEER_SPIN: Duration = Duration::from_millis(1);
-
 /// Whether a counter at `value` has reached `target` (wrapping).
 fn reached(value: u32, target: u32) -> bool {
     value.wrapping_sub(target) as i32 >= 0
@@ -369,27 +358,19 @@ impl Peers {
     }
 
     /// Polls `done` until it holds (true) or the spin has passed since
-    /// `started` (false; up to `WOKEN_PEER_SPIN` after this rank woke a
-    /// peer), serving resends between polls. Back to back at
+    /// `started` (false), serving resends between polls. Back to back at
     /// first (a peer on another core is usually about to post); an unbound
     /// rank then yields between polls, since on an oversubscribed host its
     /// peer may be queued on this very core; a bound rank's peer never is,
     /// and yielding would only hand the core to an unrelated task for a
     /// whole scheduler slice.
     fn spin_until(&self, started: Instant, mut done: impl FnMut() -> bool) -> bool {
-        let spin = match self.transport.last_wake() {
-            Some(woke) => self
-                .policy
-                .spin
-                .max((woke + WOKEN_PEER_SPIN).saturating_duration_since(started)),
-            None => self.policy.spin,
-        };
         loop {
             if done() {
                 return true;
             }
             let spun = started.elapsed();
-            if spun >= spin {
+            if spun >= self.policy.spin {
                 return false;
             }
             if spun < self.policy.yield_after {

@@ -17,7 +17,7 @@ mod region;
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) use layout::{round_up, Layout, PAGE};
 pub(crate) use peers::PeerWatch;
@@ -136,8 +136,6 @@ pub struct Transport {
     /// When this rank woke sleeping peers (CLOCK_MONOTONIC ns), kept only
     /// while the communicator traces (`log_wakes`).
     wakes: RefCell<Option<Vec<u64>>>,
-    /// When a store of this rank last woke a sleeping peer.
-    last_wake: Cell<Option<Instant>>,
     /// This rank's failure once the device its segment lives in is lost:
     /// what the segment holds since is not the job's.
     lost: Cell<Option<Failure>>,
@@ -163,7 +161,6 @@ impl Transport {
             signalling,
             peers: PeerWatch::default(),
             wakes: RefCell::new(None),
-            last_wake: Cell::new(None),
             lost: Cell::new(None),
         };
         transport.peers =
@@ -233,15 +230,7 @@ impl Transport {
         let woke = self
             .signalling
             .store(&self.segment, self.rank, owner, signal, value);
-        if woke > 0 {
-            self.last_wake.set(Some(Instant::now()));
-        }
         self.note_wakes(woke);
-    }
-
-    /// When a store of this rank last woke a sleeping peer.
-    pub(crate) fn last_wake(&self) -> Option<Instant> {
-        self.last_wake.get()
     }
 
     /// Sleeps until `owner`'s `signal` may differ from `observed`, or
