@@ -119,7 +119,8 @@ pub(crate) struct ExchangeArg {
     pub(crate) nranks: u32,
     pub(crate) timeout_ns: u64,
     pub(crate) error: u64,
-    /// `HANDOFF_BLOCKS` launch counters in this rank's device memory.
+    /// `HANDOFF_BLOCKS` launch counters in this rank's device memory, then
+    /// the epoch of the last copy-engine launch's end.
     pub(crate) epochs: u64,
     /// This call's descriptor (`CallDescriptor::to_words`, chunk left out),
     /// which every signal carries to the peer and every wait checks.

@@ -20,6 +20,9 @@
 //! slots (the host cannot know the launch's parity, which the GPU counts),
 //! so the ranks meet at the start and the end of a launch: no peer is still
 //! reading a slot from the launch before, or about to read one of this.
+//! The meeting's kernel leaves the start out where the GPU's counters say
+//! the launch before was one of these (its end meeting came after every
+//! peer's last read) or there was none (`handoff_copies.cu`).
 
 use super::plan::CopyChunks;
 use crate::engine::cuda::kernels::{CopyFlag, HandoffLaunch};

@@ -105,7 +105,8 @@ pub(super) struct GpuHandoff {
     rank: usize,
     nranks: usize,
     blocks_memory: Blocks,
-    /// Each kernel block's launch counter (`HANDOFF_BLOCKS` words).
+    /// Each kernel block's launch counter (`HANDOFF_BLOCKS` words), then
+    /// the epoch at which the last copy-engine launch ended.
     epochs: DeviceBuffer<i64>,
     /// Bytes of one inbox or result slot (rank 0's choice).
     window: usize,
@@ -166,7 +167,7 @@ impl GpuHandoff {
         let err = on_rank(rank);
         let bytes = Blocks::bytes(nranks, settings.window);
         let blocks_memory = Blocks::open(settings.memory, gpu, control, bytes)?;
-        let epochs = DeviceBuffer::<i64>::zeroed(gpu, HANDOFF_BLOCKS).map_err(&err)?;
+        let epochs = DeviceBuffer::<i64>::zeroed(gpu, HANDOFF_BLOCKS + 1).map_err(&err)?;
         let copies = match settings.memory {
             ExchangeMemory::Host => Some(
                 CopyEngines::new(gpu, nranks, settings.window, settings.copy_engines)

@@ -148,7 +148,8 @@ struct Exchange {
     unsigned rank, nranks;
     u64 timeout_ns;
     volatile unsigned* error;  // host-mapped: 0, or what failed (gpu_handoff/report.rs)
-    volatile u64* epochs;      // [HBLOCKS] launch counters, this rank's device memory
+    volatile u64* epochs;      // [HBLOCKS] launch counters, this rank's device memory,
+                               // then the last copy-engine launch's (handoff_copies.cu)
     u64 call[2];               // this call's descriptor, carried by every flag
     volatile u64* calls;       // host-mapped: a mismatch's calls, the peer's then ours
     u64* call_end;             // device memory: the call's end on the GPU's clock, or null

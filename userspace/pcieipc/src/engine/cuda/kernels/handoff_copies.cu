@@ -9,8 +9,10 @@
 // block's counter; the meeting at the end moves every block's counter to it
 // (the copies take fixed slots, so ranks meet around them instead of
 // alternating parities: a peer still reading a slot from the launch before,
-// or about to read one of this launch, has not met us yet).
+// or about to read one of this launch, has not met us yet), and writes it
+// into the word after the counters, COPIES_ENDED.
 #define MEETING_SLOT (HBLOCKS - 1)
+#define COPIES_ENDED HBLOCKS
 
 __device__ __forceinline__ u64 copies_epoch(const Exchange& x) { return x.epochs[0] + 1; }
 
@@ -39,7 +41,13 @@ extern "C" __global__ void handoff_copies_await(Exchange x, unsigned phase, unsi
 // launch's start, 1: its end) and waits to hear the same from each; at the
 // end (`last`), moves every block's counter to the launch's epoch and
 // stamps the call's end (every copy and flag of the launch is behind it).
+// The meeting at the start is for a kernels' launch before, whose peers may
+// still read the slots of its parity: right after a copy-engine launch (block
+// 0's counter still at that launch's end) every peer has met us at its end,
+// after its last read, and at the first launch no slot was ever written, so
+// it is left out, the same on every rank (every rank makes the same launches).
 extern "C" __global__ void handoff_copies_meet(Exchange x, unsigned phase, unsigned last) {
+    if (!last && x.epochs[0] == x.epochs[COPIES_ENDED]) return;
     u64 epoch = copies_epoch(x);
     for (unsigned peer = 0; peer < x.nranks; peer++) {
         if (peer != x.rank) raise_flag(x, epoch, peer, phase, MEETING_SLOT);
@@ -50,6 +58,7 @@ extern "C" __global__ void handoff_copies_meet(Exchange x, unsigned phase, unsig
     }
     if (last) {
         for (unsigned b = 0; b < HBLOCKS; b++) x.epochs[b] = epoch;
+        x.epochs[COPIES_ENDED] = epoch;
         stamp_call_end(x);
     }
 }

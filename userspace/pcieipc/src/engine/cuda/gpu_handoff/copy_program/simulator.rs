@@ -14,7 +14,9 @@
 //! Between the copy engines' calls a job may make one-shot calls, whose
 //! kernel (one block, `handoff_one_shot`) takes the next epoch and the
 //! inboxes of its parity, parity 0 among them, which the copies use: the
-//! meeting at a copy launch's start is for them.
+//! meeting at a copy launch's start is for them, and its kernel leaves it
+//! out where the counter still holds the epoch the last copy launch's end
+//! meeting wrote (no one-shot kernel since) or no launch has run.
 //!
 //! The GPU takes streams' work through a few hardware queues
 //! (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default, streams dealt to them in
@@ -85,6 +87,11 @@ struct Rank {
     staging: Vec<Vec<Value>>,
     /// The launch counter the flag kernels read (block 0's).
     epoch: u64,
+    /// The epoch the last copy launch's end meeting wrote (0: none yet).
+    copies_ended: u64,
+    /// Meetings at a launch's start held, and left out.
+    start_meetings: usize,
+    start_meetings_left_out: usize,
     /// Which records have run.
     recorded: Vec<bool>,
 }
@@ -204,6 +211,9 @@ impl Model {
                     output: vec![Value::Unset; job.count],
                     staging: vec![vec![Value::Unset; slot]; job.nranks],
                     epoch: 0,
+                    copies_ended: 0,
+                    start_meetings: 0,
+                    start_meetings_left_out: 0,
                     recorded: vec![false; records],
                 }
             })
@@ -373,8 +383,18 @@ impl Model {
                 ..
             } => {
                 // The kernel starts: it reads the counter; a meeting raises
-                // its flags at once.
-                let epoch = self.ranks[rank].epoch + 1;
+                // its flags at once, unless it is a start meeting right after
+                // a copy launch or before any launch, which ends at once.
+                let state = &mut self.ranks[rank];
+                let epoch = state.epoch + 1;
+                if flag == CopyFlag::Meet && phase == 0 {
+                    if state.epoch == state.copies_ended {
+                        state.start_meetings_left_out += 1;
+                        state.queues[queue].pop_front();
+                        return Ok(());
+                    }
+                    state.start_meetings += 1;
+                }
                 if flag == CopyFlag::Meet {
                     self.raise(rank, phase, MEETING_SLOT, epoch);
                 }
@@ -411,6 +431,7 @@ impl Model {
                         // The meeting at the end moves the counter on.
                         if phase == 1 {
                             self.ranks[rank].epoch = epoch;
+                            self.ranks[rank].copies_ended = epoch;
                         }
                     }
                 }
@@ -595,6 +616,40 @@ fn every_interleaving_tried_sums_every_call_with_no_stale_part() {
     assert_eq!(launches.len(), 2);
     assert!(launches.iter().all(|launch| chunks(launch) == 512 / 16));
     assert_eq!(first_failure(job, unchanged, 50), None);
+}
+
+/// The meeting at a launch's start is held after a one-shot call and left
+/// out after a launch by the copy engines and before the first launch: in
+/// calls of three launches each, all nine left out on every rank where the
+/// calls follow each other, one in three held where a one-shot call comes
+/// before each.
+#[test]
+fn a_launch_meets_at_its_start_only_after_a_kernels_launch() {
+    for (kernel_call_before, held, left_out) in [(None, 0, 9), (Some(5), 3, 6)] {
+        let job = Job {
+            nranks: 2,
+            count: 2 * (2 * 96 / ELEMENT) + 13,
+            calls: 3,
+            window: 96,
+            chunk_bytes: 32,
+            in_place: false,
+            kernel_call_before,
+            queues: LANES.len(),
+        };
+        assert_eq!(launches(job.count, job.nranks, job.window).len(), 3);
+        for seed in 1..=20u64 {
+            let mut model = Model::new(job, unchanged);
+            let mut interleaving = Interleaving(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            model.run(&mut interleaving).expect("the job runs");
+            for (rank, state) in model.ranks.iter().enumerate() {
+                assert_eq!(
+                    (state.start_meetings, state.start_meetings_left_out),
+                    (held, left_out),
+                    "rank {rank}, one-shot calls before: {kernel_call_before:?}, seed {seed}"
+                );
+            }
+        }
+    }
 }
 
 /// The two-shot launches of an all_reduce of `count` f32s among `nranks`
