@@ -387,16 +387,17 @@ impl Model {
                 // a copy launch or before any launch, which ends at once.
                 let state = &mut self.ranks[rank];
                 let epoch = state.epoch + 1;
-                if flag == CopyFlag::Meet && phase == 0 {
-                    if state.epoch == state.copies_ended {
+                match (flag, phase) {
+                    (CopyFlag::Meet, 0) if state.epoch == state.copies_ended => {
                         state.start_meetings_left_out += 1;
                         state.queues[queue].pop_front();
                         return Ok(());
                     }
-                    state.start_meetings += 1;
-                }
-                if flag == CopyFlag::Meet {
-                    self.raise(rank, phase, MEETING_SLOT, epoch);
+                    (CopyFlag::Meet, _) => {
+                        state.start_meetings += usize::from(phase == 0);
+                        self.raise(rank, phase, MEETING_SLOT, epoch);
+                    }
+                    _ => {}
                 }
                 if let Some(Queued::Launch { epoch: started, .. }) =
                     self.ranks[rank].queues[queue].front_mut()
