@@ -12,9 +12,10 @@
 //! Slot fills chosen by measurement). Neither fixed choice holds in both
 //! states, so each class of call (kind, power-of-two size, in place or
 //! not) starts on the fill its nearest decided size keeps, tries both fills
-//! on its first calls (`EARLY_TRIALS`) and keeps the faster when one is
-//! clearly so, and otherwise tries them again once its first calls have
-//! warmed the caches (`TRIALS`) and keeps the faster. After that a call
+//! on its first calls (`EARLY_TRIALS`) and keeps the faster, and where
+//! neither was clearly so tries them again once its first calls have
+//! warmed the caches (`TRIALS`), keeping the other only where it is clearly
+//! faster. After that a call
 //! runs on the other fill (a probe) when the kept
 //! fill's recent calls have slowed clearly past what they took when it was
 //! last confirmed (the host moved the vCPUs), and otherwise after a run of
@@ -96,9 +97,18 @@ const PROBE_GAP: u32 = 64;
 /// steady rate by several calls.
 const TRIALS: std::ops::Range<u32> = 8..12;
 /// The calls tried first: the other fill on call 3, the kept one on call
-/// 4. When either took less than `DECISIVE_BELOW` of the other's time the
-/// class keeps the faster at once and skips `TRIALS`; otherwise `TRIALS`
-/// decide. On the 2-vCPU EPYC VM of family 25 model 1 plain fills ran 128
+/// 4; from call 5 the class keeps the faster of the two. When it took less
+/// than `DECISIVE_BELOW` of the other's time that is the decision and the
+/// class skips `TRIALS`; otherwise `TRIALS` check it, the fill the early
+/// trials chose the kept one. Keeping the faster even where it is faster by
+/// less than the margin: where a 2 MiB class started on non-temporal fills
+/// (its nearest decided size's) and plain ones ran it at 0.7 of their time,
+/// it ran calls 5 to 11 at 1.4 times the steady time until `TRIALS` moved
+/// it; on the 2-vCPU EPYC VM of family 25 model 17, 300 alternating cold
+/// starts of 64 KiB to 4 MiB (two runs), calls to steady at 2 MiB: median
+/// 9 before, 6 after, 75th percentile 9–11 before, 6–8 after; at 512 KiB
+/// and 1 MiB the 75th percentile 5–6 before, 3–5 after; other sizes level.
+/// On the 2-vCPU EPYC VM of family 25 model 1 plain fills ran 128
 /// KiB to 1 MiB at 3–5 times non-temporal ones, so a class that started on
 /// plain fills ran its calls 1 to 7 at that, and every class ran its two
 /// trials of the slower fill among nccl-tests' timed calls (`-w 5` times
@@ -109,9 +119,8 @@ const TRIALS: std::ops::Range<u32> = 8..12;
 /// in 7 of 10 traced runs, where its later trials found the other fill
 /// faster (the class kept the slower fill for 64 calls). One call of each,
 /// not two: two of each put the first call at the steady rate a call or
-/// two later. So one stalled call can decide here, where `TRIALS` do not
-/// let it; a stall makes only the fill it hit look slower, and a wrong
-/// choice lasts until the first periodic probe, `PROBE_GAP` calls later.
+/// two later. So one stalled call would decide here, where `TRIALS` do not
+/// let it, but for `STALLED_ABOVE`.
 const EARLY_TRIALS: std::ops::Range<u32> = 3..5;
 /// How far apart the fills' early trial calls must be to decide without
 /// `TRIALS`. The margin is wide because the first calls still warm the
@@ -119,6 +128,14 @@ const EARLY_TRIALS: std::ops::Range<u32> = 3..5;
 /// the fills differ by 3–5× where the EPYC VM makes plain fills slow, by
 /// up to about 1.8× where plain fills are the faster.
 const DECISIVE_BELOW: f64 = 0.6;
+/// Early trials further apart than this many times are a stall, not the
+/// fills' difference, and do not decide (`TRIALS`, best of two calls each,
+/// do). The fills differed by at most 5–6× in any state of the EPYC VMs
+/// (128 KiB: 83–158 µs plain against 25–32 non-temporal); a vCPU preempted
+/// for the 1–5 ms seen there makes a 25–100 µs call 10 to 200 times
+/// slower, and decided on it, a class kept the stalled call's other fill
+/// until its first periodic probe.
+const STALLED_ABOVE: f64 = 10.0;
 /// A probe wins when it took less than this share of the kept fill's
 /// typical time. The two states differ by 2–7× on the EPYC VM and the fills
 /// by about 1.8× where plain stores are the faster, so a margin this wide
@@ -197,25 +214,27 @@ impl Class {
         self.drifted || self.since_probe >= self.probe_interval.max(PROBE_GAP)
     }
 
-    /// After the last call of `trials`: keeps the other fill where its
-    /// better call took less than the trials' margin of the kept fill's,
-    /// and marks early trials that found either fill that much faster as
-    /// the decision.
+    /// After the last call of `trials`. Early trials keep the faster fill
+    /// of the two, and are the decision where the faster took less than
+    /// `DECISIVE_BELOW` of the slower's time but not less than
+    /// `1 / STALLED_ABOVE` of it; `TRIALS` keep the other fill only where
+    /// its better call took less than `PROBE_WINS_BELOW` of the kept fill's.
     fn end_trials(&mut self, trials: std::ops::Range<u32>) {
         let (Some(other), Some(kept)) = (self.other_best.take(), self.kept_best.take()) else {
             return;
         };
-        let early = trials == EARLY_TRIALS;
-        let margin = if early {
-            DECISIVE_BELOW
+        let below = |nanos: u64, of: u64, share: f64| (nanos as f64) < of as f64 * share;
+        let moves = if trials == EARLY_TRIALS {
+            let (faster, slower) = (other.min(kept), other.max(kept));
+            self.decided_early = below(faster, slower, DECISIVE_BELOW)
+                && !below(faster, slower, 1.0 / STALLED_ABOVE);
+            other < kept
         } else {
-            PROBE_WINS_BELOW
+            below(other, kept, PROBE_WINS_BELOW)
         };
-        let faster = |a: u64, b: u64| (a as f64) < b as f64 * margin;
-        if faster(other, kept) {
+        if moves {
             self.flip(other);
         }
-        self.decided_early = early && (faster(other, kept) || faster(kept, other));
     }
 
     fn flip(&mut self, nanos: u64) {
@@ -535,14 +554,50 @@ mod tests {
         // Decided early, the class is a decided size for the others.
         let larger = CallClass::new(CallKind::AllReduce, 1 << 20, false);
         assert_eq!(chooser.choose(larger), Bypass);
-        // Just inside the margin: the trials decide, not the early ones.
+        // Faster, but just inside the margin: the class keeps bypass from
+        // call 5, and the trials, plain stores first, do not move it.
         let mut chooser = FillChooser::new();
         let fills = run(&mut chooser, 13, |_, fill| match fill {
             Cached => 40_000,
             _ => 25_000,
         });
-        assert_eq!(calls_on(&fills, Bypass), [3, 8, 10, 12]);
+        assert_eq!(calls_on(&fills, Cached), [0, 1, 2, 4, 8, 10]);
         assert_eq!(chooser.choose(CLASS()), Bypass);
+        // Faster only by the fills' first calls' noise: the trials move it
+        // back.
+        let mut chooser = FillChooser::new();
+        let fills = run(&mut chooser, 13, |call, fill| match (call, fill) {
+            (4, _) => 41_000,
+            (_, Cached) => 30_000,
+            _ => 40_000,
+        });
+        assert_eq!(calls_on(&fills, Bypass), [3, 5, 6, 7, 9, 11]);
+        assert_eq!(chooser.choose(CLASS()), Cached);
+    }
+
+    #[test]
+    fn early_trials_far_apart_are_a_stall_and_do_not_decide() {
+        use SlotFill::{Bypass, Cached};
+        // Call 4, on plain stores, stalls for 3 ms: the class tries bypass
+        // (faster than the stall) from call 5, the trials find plain stores
+        // faster, and it keeps them from call 12 instead of from the first
+        // periodic probe.
+        let mut chooser = FillChooser::new();
+        let fills = run(&mut chooser, 12 + PROBE_GAP, |call, fill| {
+            match (call, fill) {
+                (4, _) => 3_000_000,
+                (_, Cached) => 22_000,
+                _ => 40_000,
+            }
+        });
+        assert_eq!(calls_on(&fills, Bypass), [3, 5, 6, 7, 9, 11]);
+        // The fills' own difference, however wide the margin, decides.
+        let mut chooser = FillChooser::new();
+        let fills = run(&mut chooser, 12, |_, fill| match fill {
+            Cached => 9 * 40_000,
+            _ => 40_000,
+        });
+        assert_eq!(calls_on(&fills, Cached), [0, 1, 2, 4]);
     }
 
     #[test]
@@ -569,9 +624,9 @@ mod tests {
             Cached
         );
         // Its own trials still decide: 1 MiB, where plain fills are faster,
-        // starts on bypass and keeps plain stores after call 11.
+        // starts on bypass and keeps plain stores from call 5.
         let fills = run_class(&mut chooser, all_reduce(1 << 20, false), 12, faster_cache);
-        assert_eq!(calls_on(&fills, Cached), [3, 8, 10]);
+        assert_eq!(calls_on(&fills, Bypass), [0, 1, 2, 4, 8, 10]);
         assert_eq!(chooser.choose(all_reduce(1 << 20, false)), Cached);
         // The nearest decided size: 4 MiB is nearer 1 MiB (plain) than 64 KiB
         // (bypass); 512 KiB lies between 256 KiB (bypass) and 1 MiB (plain),
@@ -652,12 +707,17 @@ mod tests {
     #[test]
     fn a_probe_must_win_clearly_and_a_stalled_one_changes_nothing() {
         let mut chooser = FillChooser::new();
-        // Bypass only 10% faster: within the margin, plain stores stay.
-        run(&mut chooser, 3 * PROBE_EVERY, |_, fill| match fill {
+        // Bypass 10% faster on the early trials: the class keeps it. Then
+        // plain stores 10% faster: within the margin, bypass stays.
+        run(&mut chooser, 12, |_, fill| match fill {
             SlotFill::Cached => 40_000,
             _ => 36_000,
         });
-        assert_eq!(chooser.choose(CLASS()), SlotFill::Cached);
+        run(&mut chooser, 3 * PROBE_EVERY, |_, fill| match fill {
+            SlotFill::Cached => 36_000,
+            _ => 40_000,
+        });
+        assert_eq!(chooser.choose(CLASS()), SlotFill::Bypass);
         // A kept call stalled for milliseconds just before the first
         // periodic probe moves neither the median nor the reference.
         let mut chooser = FillChooser::new();
