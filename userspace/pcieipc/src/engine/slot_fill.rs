@@ -97,18 +97,17 @@ const PROBE_GAP: u32 = 64;
 /// steady rate by several calls.
 const TRIALS: std::ops::Range<u32> = 8..12;
 /// The calls tried first: the other fill on call 3, the kept one on call
-/// 4; from call 5 the class keeps the faster of the two. When it took less
-/// than `DECISIVE_BELOW` of the other's time that is the decision and the
-/// class skips `TRIALS`; otherwise `TRIALS` check it, the fill the early
-/// trials chose the kept one. Keeping the faster even where it is faster by
-/// less than the margin: where a 2 MiB class started on non-temporal fills
-/// (its nearest decided size's) and plain ones ran it at 0.7 of their time,
-/// it ran calls 5 to 11 at 1.4 times the steady time until `TRIALS` moved
-/// it; on the 2-vCPU EPYC VM of family 25 model 17, 300 alternating cold
-/// starts of 64 KiB to 4 MiB (two runs), calls to steady at 2 MiB: median
-/// 9 before, 6 after, 75th percentile 9–11 before, 6–8 after; at 512 KiB
-/// and 1 MiB the 75th percentile 5–6 before, 3–5 after; other sizes level.
-/// On the 2-vCPU EPYC VM of family 25 model 1 plain fills ran 128
+/// 4; from call 5 the class keeps the faster of the two. Where it took
+/// less than `DECISIVE_BELOW` of the other's time that is the decision and
+/// the class skips `TRIALS`; otherwise `TRIALS` check it. Keeping the
+/// faster even inside the margin: a 2 MiB class that started on
+/// non-temporal fills (its nearest decided size's), where plain ones ran it
+/// at 0.7 of their time, ran calls 5 to 11 at 1.4 times its steady time
+/// until `TRIALS` moved it. On the 2-vCPU EPYC VM of family 25 model 1,
+/// 300 alternating cold starts of 64 KiB to 4 MiB (two runs), calls to
+/// steady at 2 MiB: median 9 before, 6 after, 75th percentile 9–11
+/// before, 6–8 after; at 512 KiB and 1 MiB the 75th percentile 5–6
+/// before, 3–5 after; other sizes level. On that VM type plain fills ran 128
 /// KiB to 1 MiB at 3–5 times non-temporal ones, so a class that started on
 /// plain fills ran its calls 1 to 7 at that, and every class ran its two
 /// trials of the slower fill among nccl-tests' timed calls (`-w 5` times
@@ -591,7 +590,7 @@ mod tests {
             }
         });
         assert_eq!(calls_on(&fills, Bypass), [3, 5, 6, 7, 9, 11]);
-        // The fills' own difference, however wide the margin, decides.
+        // A difference of 9 times, inside the stall margin, decides.
         let mut chooser = FillChooser::new();
         let fills = run(&mut chooser, 12, |_, fill| match fill {
             Cached => 9 * 40_000,
